@@ -1,0 +1,79 @@
+"""Finding and loading the YAML documents: shipped names or file paths, with one-line errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from autoplan.errors import SpecError
+from autoplan.schema._io import dump_yaml, from_dict, load_yaml, read_yaml, to_dict
+from autoplan.schema.cluster import Cluster
+from autoplan.schema.hardware import DeviceProfile
+from autoplan.schema.model import ModelSpec
+from autoplan.schema.plan import PLAN_KEY_ORDER, Plan
+from profiles import PROFILES_DIR
+
+
+def shipped_names(kind: str) -> list[str]:
+    """Names of the shipped profiles of one kind ("models", "hardware", "clusters")."""
+    return sorted(p.stem for p in (PROFILES_DIR / kind).glob("*.yaml"))
+
+
+def resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
+    """A shipped name (``llama3-8b``) or a path to a YAML file, as a path that exists."""
+    text = str(name_or_path)
+    shipped = PROFILES_DIR / kind / f"{text}.yaml"
+    if shipped.is_file():
+        return shipped
+    path = Path(text)
+    if path.is_file():
+        return path
+    names = ", ".join(shipped_names(kind))
+    raise SpecError(f"{text}: no such file or shipped {kind[:-1] if kind != 'hardware' else 'device'} "
+                    f"(shipped: {names})")
+
+
+def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
+    return load_yaml(ModelSpec, resolve("models", name_or_path))
+
+
+def load_device(name_or_path: str | os.PathLike) -> DeviceProfile:
+    return load_yaml(DeviceProfile, resolve("hardware", name_or_path))
+
+
+def load_cluster(name_or_path: str | os.PathLike) -> Cluster:
+    """A cluster file names its device by shipped name or path; the loaded cluster embeds the profile."""
+    path = resolve("clusters", name_or_path)
+    data = read_yaml(path)
+    if isinstance(data, dict) and isinstance(data.get("device"), str):
+        try:
+            device_path = resolve("hardware", data["device"])
+        except SpecError as err:
+            raise SpecError(f"{path}: device: {err}") from None
+        data = {**data, "device": to_dict(load_device(device_path))}
+    try:
+        return from_dict(Cluster, data)
+    except SpecError as err:
+        raise SpecError(f"{path}: {err}") from None
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as plain data, in reading order: the choices first, the embedded inputs last."""
+    data = to_dict(plan)
+    return {key: data[key] for key in PLAN_KEY_ORDER}
+
+
+def dump_plan(plan: Plan) -> str:
+    header = (f"# autoplan plan for {plan.model.name} on {plan.cluster.name} "
+              f"({plan.cluster.num_nodes} x {plan.cluster.devices_per_node} {plan.cluster.device.name})\n"
+              "# Run it with: autoplan run <this file>   (or torchrun ... -m runtime.launch <this file>)\n")
+    return dump_yaml(plan_to_dict(plan), header)
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    return load_yaml(Plan, path)
+
+
+__all__ = ["dump_plan", "dump_yaml", "load_cluster", "load_device", "load_model", "load_plan", "plan_to_dict",
+           "resolve", "shipped_names"]

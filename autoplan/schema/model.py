@@ -1,0 +1,95 @@
+"""The model spec: the shape of a decoder-only transformer, as the planner and the runtime both read it.
+
+Naming: "layer" means one transformer block; the embedding in front and the head (final norm + logits)
+behind are not counted in ``num_layers``. "heads" are query heads; ``num_kv_heads`` < ``num_attention_heads``
+is grouped-query attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from autoplan.schema._io import require
+
+Architecture = Literal["gpt", "llama"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A transformer the cost model has formulas for and the runtime has a reference implementation of.
+
+    ``gpt``: LayerNorm, GELU MLP (two matrices), learned positions, biases, tied embedding by default.
+    ``llama``: RMSNorm, SwiGLU MLP (three matrices), rotary positions, no biases, untied by default.
+    """
+
+    name: str
+    architecture: Architecture
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    seq_len: int = 2048
+    """Default training sequence length in tokens (the command line may override it)."""
+    tie_embeddings: bool | None = None
+    """Share the input embedding with the output projection; None means the architecture's default."""
+    dropout: float = 0.0
+    """Dropout probability on attention probabilities and residual branches (0 disables the masks)."""
+    rope_theta: float = 10000.0
+    """RoPE base (llama only)."""
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.tie_embeddings is None:
+            object.__setattr__(self, "tie_embeddings", self.architecture == "gpt")
+
+    def validate(self) -> None:
+        for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                      "num_kv_heads", "vocab_size", "seq_len"):
+            require(getattr(self, field) >= 1, field, "must be at least 1")
+        require(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
+                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
+        require(self.num_attention_heads % self.num_kv_heads == 0, "num_kv_heads",
+                f"{self.num_kv_heads} must divide num_attention_heads={self.num_attention_heads}")
+        require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
+        if self.architecture == "gpt":
+            require(self.num_kv_heads == self.num_attention_heads, "num_kv_heads",
+                    "gpt uses multi-head attention; set num_kv_heads equal to num_attention_heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the K (and of the V) projection output."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of size h x ffn in the MLP: 2 for GELU, 3 for SwiGLU (gate, up, down)."""
+        return 3 if self.architecture == "llama" else 2
+
+    def layer_params(self) -> int:
+        """Parameters of one transformer block, biases and norm weights included."""
+        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_size
+        attn = h * h + 2 * h * kv + h * h  # q, k, v, o
+        mlp = self.mlp_matrices * h * f
+        if self.architecture == "gpt":
+            return attn + mlp + (h + 2 * kv + h) + (f + h) + 4 * h  # biases; two LayerNorms with bias
+        return attn + mlp + 2 * h  # two RMSNorm weights
+
+    def embedding_params(self) -> int:
+        """Token embedding (+ learned positions for gpt)."""
+        pos = self.seq_len * self.hidden_size if self.architecture == "gpt" else 0
+        return self.vocab_size * self.hidden_size + pos
+
+    def head_params(self) -> int:
+        """Final norm + output projection (zero extra weights for the projection when tied)."""
+        norm = 2 * self.hidden_size if self.architecture == "gpt" else self.hidden_size
+        return norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
+
+    def total_params(self) -> int:
+        return self.embedding_params() + self.num_layers * self.layer_params() + self.head_params()

@@ -1,0 +1,234 @@
+"""The plan: the contract between the planner (which only writes it) and the runtime (which only reads it).
+
+A plan is self-contained: it embeds the model spec, the cluster (with its device profile) and the training
+setup it was made for, so ``autoplan run plan.yaml`` needs nothing else.
+
+Naming: a *stage* is a contiguous run of transformer layers, one model chunk. With the interleaved
+schedule each pipeline *rank* holds ``virtual_stages`` stages: stage ``i`` runs on rank ``i % pp`` (the
+looped placement of Narayanan et al. 2021 and of torch's ScheduleInterleaved1F1B). Stage 0 also holds the
+embedding, the last stage also holds the final norm and the output projection ("head"). ``layers`` is a
+half-open range ``[first, stop)`` of block indices.
+
+Rank order (what the cost model assumes and the runtime builds): tp fastest, then dp, then pp, i.e.
+``global_rank = tp_rank + tp * (dp_rank + dp * pp_rank)`` (Megatron's formula), so a TP group sits
+inside one node whenever tp divides devices_per_node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from autoplan.errors import SpecError
+from autoplan.schema._io import require
+from autoplan.schema.cluster import Cluster
+from autoplan.schema.model import ModelSpec
+from autoplan.schema.training import TrainingSetup
+
+SCHEMA_VERSION = 1
+ScheduleKind = Literal["gpipe", "1f1b", "interleaved"]
+RecomputeMode = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int
+    rank: int
+    layers: tuple[int, int]
+    full_recompute: tuple[int, ...] = ()
+    """Blocks that keep only their input and rerun their whole forward during backward."""
+    selective_recompute: tuple[int, ...] = ()
+    """Blocks that drop only the attention core (scores, softmax, dropout) and recompute it (Korthikanti 2022)."""
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    def recompute_of(self, layer: int) -> RecomputeMode:
+        if layer in self.full_recompute:
+            return "full"
+        return "selective" if layer in self.selective_recompute else "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How a model is spread over the devices: the part of a plan that the search chooses."""
+
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool
+    zero_stage: int
+    """0: replicated DP; 1: optimizer state sharded; 2: + gradients; 3: + parameters (FSDP)."""
+    offload_optimizer: bool
+    """Optimizer state and step on the host CPU (ZeRO-Offload / FSDP CPUOffloadPolicy)."""
+    schedule: ScheduleKind
+    virtual_stages: int
+    """Stages per pipeline rank; 1 for gpipe and 1f1b, at least 2 for interleaved."""
+    micro_batch_size: int
+    num_microbatches: int
+    """Micro-batches per optimizer step on each data-parallel replica."""
+    stages: tuple[Stage, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.virtual_stages
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def stage_ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple(s.layers for s in self.stages)
+
+    def validate(self) -> None:
+        for name in ("tp", "pp", "dp", "virtual_stages", "micro_batch_size", "num_microbatches"):
+            require(getattr(self, name) >= 1, name, "must be at least 1")
+        require(self.zero_stage in (0, 1, 2, 3), "zero_stage", f"{self.zero_stage} is not 0, 1, 2 or 3")
+        require(not (self.sequence_parallel and self.tp == 1), "sequence_parallel",
+                "needs tp > 1 (sequence parallel splits the norms across the TP group)")
+        require(not (self.offload_optimizer and self.zero_stage == 0), "offload_optimizer",
+                "needs zero_stage >= 1 (offload moves the sharded optimizer state to the host)")
+        if self.schedule == "interleaved":
+            require(self.virtual_stages >= 2, "virtual_stages", "interleaved needs at least 2 stages per rank")
+            require(self.pp >= 2, "pp", "interleaved needs pp >= 2")
+            rounds = max(1, self.num_microbatches // self.pp)
+            require(self.num_microbatches % rounds == 0, "num_microbatches",
+                    f"interleaved needs a multiple of {rounds} (= max(1, num_microbatches // pp))")
+        else:
+            require(self.virtual_stages == 1, "virtual_stages",
+                    f"{self.schedule} runs one stage per rank; use schedule: interleaved for more")
+        if self.schedule == "1f1b":
+            require(self.num_microbatches >= self.pp, "num_microbatches",
+                    f"1f1b needs at least pp={self.pp} micro-batches; raise it or use gpipe")
+        require(len(self.stages) == self.num_stages, "stages",
+                f"expected pp * virtual_stages = {self.num_stages} stages, got {len(self.stages)}")
+        start = 0
+        for i, stage in enumerate(self.stages):
+            where = f"stages[{i}]"
+            require(stage.index == i, f"{where}.index", f"expected {i}")
+            require(stage.rank == i % self.pp, f"{where}.rank", f"stage {i} runs on rank {i % self.pp}")
+            first, stop = stage.layers
+            require(first == start and stop > first, f"{where}.layers",
+                    f"expected a non-empty range starting at layer {start}, got [{first}, {stop})")
+            for kind in ("full_recompute", "selective_recompute"):
+                ids = getattr(stage, kind)
+                require(all(first <= k < stop for k in ids) and len(set(ids)) == len(ids),
+                        f"{where}.{kind}", f"layers must be distinct and inside [{first}, {stop})")
+            require(not set(stage.full_recompute) & set(stage.selective_recompute), f"{where}",
+                    "a layer cannot be both full_recompute and selective_recompute")
+            start = stop
+
+
+def check_fits(layout: Layout, model: ModelSpec, training: TrainingSetup, num_devices: int | None) -> None:
+    """The checks that need the model and the world as well as the layout."""
+    layout.validate()
+    heads, kv = model.num_attention_heads, model.num_kv_heads
+    require(heads % layout.tp == 0, "tp", f"tp={layout.tp} does not divide num_attention_heads={heads}; "
+            f"use a tp that divides {heads}")
+    require(kv % layout.tp == 0, "tp", f"tp={layout.tp} does not divide num_kv_heads={kv}; use a tp that divides {kv}")
+    require(model.ffn_hidden_size % layout.tp == 0, "tp",
+            f"tp={layout.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
+    require(layout.tp == 1 or model.vocab_size % layout.tp == 0, "tp",
+            f"tp={layout.tp} does not divide vocab_size={model.vocab_size} (the embedding is split by vocabulary)")
+    last = layout.stages[-1].layers[1] if layout.stages else 0
+    require(last == model.num_layers, "stages", f"stages cover {last} layers, the model has {model.num_layers}")
+    require(layout.num_stages <= model.num_layers, "pp",
+            f"pp * virtual_stages = {layout.num_stages} exceeds num_layers = {model.num_layers}")
+    if num_devices is not None:
+        require(layout.world_size == num_devices, "dp",
+                f"tp * pp * dp = {layout.world_size} but the cluster has {num_devices} devices")
+    per_step = layout.micro_batch_size * layout.num_microbatches * layout.dp
+    require(per_step == training.global_batch_size, "num_microbatches",
+            f"micro_batch_size * num_microbatches * dp = {per_step}, global_batch_size = {training.global_batch_size}")
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Seconds per optimizer step on the slowest pipeline rank; the parts sum to ``step_time_s``."""
+
+    compute_s: float
+    """Forward + backward matmuls and element-wise kernels, recomputation excluded."""
+    recompute_s: float
+    tp_comm_s: float
+    pp_comm_s: float
+    """Point-to-point activation and gradient transfers on the critical path."""
+    zero3_gather_s: float
+    """ZeRO-3 parameter all-gathers not hidden behind compute."""
+    bubble_s: float
+    """Pipeline idle time: step time less everything else on the busiest rank."""
+    dp_comm_s: float
+    """Gradient reduction (and ZeRO-1/2 parameter all-gather) not hidden behind backward."""
+    optimizer_s: float
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """GiB on the pipeline rank with the highest peak."""
+
+    weights_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    buffers_gib: float
+    """Embedding/logits work buffers, ZeRO-3 gathered parameters, communication buckets."""
+    reserve_gib: float
+    """Allocator fragmentation reserve."""
+    total_gib: float
+
+
+@dataclass(frozen=True)
+class Predicted:
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    """Model FLOPs (Megatron's count, no recomputation) per second per device, 10^12."""
+    mfu: float
+    hardware_tflops_per_gpu: float
+    """FLOPs actually executed (recomputation counted) per second per device, 10^12."""
+    hfu: float
+    peak_memory_gib: float
+    memory_gib_per_stage: tuple[float, ...]
+    """Peak memory of each pipeline rank (all its stages together), in rank order."""
+    capacity_gib: float
+    """Device memory less the planner's margin: what peak_memory_gib must stay under."""
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    name: Literal["cpsat", "bruteforce", "given"]
+    status: str
+    """OPTIMAL when the plan is proven best under the cost model; FEASIBLE when a time limit cut the proof."""
+    objective: float
+    """The minimised step time in seconds."""
+    wall_s: float
+    candidates: int = 0
+    """Configurations (tp, pp, dp, zero, schedule, micro-batch, ...) considered before pruning."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Layout):
+    schema_version: int = SCHEMA_VERSION
+    model: ModelSpec
+    cluster: Cluster
+    training: TrainingSetup
+    predicted: Predicted | None = None
+    solver: SolverInfo | None = None
+
+    def validate(self) -> None:
+        require(self.schema_version == SCHEMA_VERSION, "schema_version",
+                f"this autoplan reads version {SCHEMA_VERSION}; re-plan with this version")
+        try:
+            check_fits(self, self.model, self.training, self.cluster.num_devices)
+        except SpecError as err:
+            raise SpecError(str(err)) from None
+
+    def layout(self) -> Layout:
+        return Layout(**{f: getattr(self, f) for f in LAYOUT_FIELDS})
+
+
+LAYOUT_FIELDS = ("tp", "pp", "dp", "sequence_parallel", "zero_stage", "offload_optimizer", "schedule",
+                 "virtual_stages", "micro_batch_size", "num_microbatches", "stages")
+PLAN_KEY_ORDER = ("schema_version", *LAYOUT_FIELDS, "predicted", "solver", "model", "cluster", "training")
