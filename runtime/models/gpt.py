@@ -1,0 +1,82 @@
+"""GPT-2 style reference model (nanoGPT-like): LayerNorm, GELU MLP, learned positions, biases."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.schema import ModelSpec
+from runtime.models.common import AttentionCore, Skeleton
+
+
+class Embedding(nn.Module):
+    """tokens [B, T] -> token + learned position embedding [B, T, H]."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.pos = nn.Embedding(seq_len, spec.hidden_size)
+        self.drop = nn.Dropout(spec.dropout)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        positions = torch.arange(t, device=tokens.device)
+        return self.drop(self.tok(tokens) + self.pos(positions))  # [B, T, H]
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with separate q/k/v/o projections (so TP can split each)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h = spec.hidden_size
+        self.head_dim = spec.head_dim
+        self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
+        self.core = AttentionCore(spec.dropout)
+        self.drop = nn.Dropout(spec.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # view(..., -1, d): under TP each rank holds heads / tp heads, so the head count is inferred
+        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, h, T, d]
+        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        y = self.core(q, k, v).transpose(1, 2).reshape(b, t, -1)  # [B, T, h*d]
+        return self.drop(self.o(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(spec.hidden_size, spec.ffn_hidden_size)
+        self.fc2 = nn.Linear(spec.ffn_hidden_size, spec.hidden_size)
+        self.drop = nn.Dropout(spec.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(F.gelu(self.fc1(x))))  # [B, T, H] -> [B, T, F] -> [B, T, H]
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(Skeleton):
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        self.embed = Embedding(spec, seq_len)
+        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps)
+        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.init_weights(spec.num_layers)
+        if spec.tie_embeddings:
+            self.head.weight = self.embed.tok.weight

@@ -1,0 +1,102 @@
+"""Llama style reference model: RMSNorm, SwiGLU MLP, rotary positions (RoPE), grouped-query attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autoplan.schema import ModelSpec
+from runtime.models.common import AttentionCore, Skeleton
+
+
+class Embedding(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok(tokens)  # [B, T] -> [B, T, H]
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [T, d/2] for rotary embedding (Su et al. 2021), fp32."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the (even, odd) channel pairs of x [B, h, T, d] by the position angle."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[: x.shape[2]], sin[: x.shape[2]]  # [T, d/2], broadcast over B, h
+    out = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with num_kv_heads <= num_attention_heads (GQA), RoPE on q and k, no biases."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        h, kv = spec.hidden_size, spec.kv_size
+        self.head_dim = spec.head_dim
+        self.q = nn.Linear(h, h, bias=False)
+        self.k = nn.Linear(h, kv, bias=False)
+        self.v = nn.Linear(h, kv, bias=False)
+        self.o = nn.Linear(h, h, bias=False)
+        self.core = AttentionCore(spec.dropout)
+        cos, sin = rope_tables(seq_len, spec.head_dim, spec.rope_theta)
+        # non-persistent: derived from the spec, so not part of checkpoints
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, h, T, d] (h local under TP)
+        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, kv, T, d]
+        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        y = self.core(q, k, v).transpose(1, 2).reshape(b, t, -1)  # [B, T, h*d]
+        return self.o(y)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden_size, spec.ffn_hidden_size
+        self.gate = nn.Linear(h, f, bias=False)
+        self.up = nn.Linear(h, f, bias=False)
+        self.down = nn.Linear(f, h, bias=False)
+        self.drop = nn.Dropout(spec.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.down(F.silu(self.gate(x)) * self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
+        self.attn = Attention(spec, seq_len)
+        self.mlp_norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
+        self.mlp = MLP(spec)
+        self.drop = nn.Dropout(spec.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.attn_norm(x)))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(Skeleton):
+    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+        super().__init__()
+        self.embed = Embedding(spec)
+        self.blocks = nn.ModuleDict({str(i): Block(spec, seq_len) for i in range(spec.num_layers)})
+        self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
+        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.init_weights(spec.num_layers)
+        if spec.tie_embeddings:
+            self.head.weight = self.embed.tok.weight
