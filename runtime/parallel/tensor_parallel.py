@@ -1,0 +1,62 @@
+"""Megatron-style tensor parallelism with DTensor (``parallelize_module``), for GPT and Llama.
+
+Per block: q/k/v and the MLP's first matrices (fc1, or gate and up) are split by columns (output
+features, i.e. heads: each rank holds heads/tp query heads and kv_heads/tp kv heads, which keeps GQA
+groups whole), o and the last MLP matrix (fc2/down) by rows, so each block needs one all-reduce forward
+and one backward. The token embedding is vocabulary-parallel (RowwiseParallel on nn.Embedding) and the
+head column-parallel over the vocabulary; with ``loss_parallel`` the logits stay sharded and the
+cross-entropy runs on the shards (no [B, T, V] all-gather).
+
+Sequence parallel (Korthikanti 2022): norms run on sequence shards (``SequenceParallel``); the block
+inputs are all-gathered (``PrepareModuleInput`` Shard(1) -> Replicate) and o/fc2/down reduce-scatter to
+Shard(1). Activations between blocks, and between pipeline stages, are then [B, T/tp, H] local tensors.
+Dropout in the embedding runs before the sequence split (identical inputs on every TP rank, but each
+rank draws its own mask; exact comparisons use dropout 0).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+    parallelize_module,
+)
+
+
+def block_plan(block: nn.Module, sp: bool) -> dict:
+    """The TP plan of one block (GPT: fc1/fc2; Llama: gate/up/down)."""
+    out = Shard(1) if sp else Replicate()
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(output_layouts=out)}
+    if hasattr(block.mlp, "fc1"):
+        plan |= {"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=out)}
+    else:
+        plan |= {"mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(),
+                 "mlp.down": RowwiseParallel(output_layouts=out)}
+    if sp:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attn": gather, "mlp": gather}
+    return plan
+
+
+def apply_tp(model: nn.Module, tp_mesh, sp: bool, loss_parallel: bool) -> nn.Module:
+    """Shard ``model`` (a full model or a pipeline stage) over ``tp_mesh`` in place."""
+    tied = model.embed is not None and model.head is not None and model.head.weight is model.embed.tok.weight
+    if model.embed is not None:
+        parallelize_module(model.embed, tp_mesh, {"tok": RowwiseParallel(input_layouts=Replicate(),
+                                                                         output_layouts=Replicate())})
+        if sp:  # after the position add (GPT), split the sequence for the first block
+            parallelize_module(model, tp_mesh, {"embed": PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(1))})
+    for block in model.blocks.values():
+        parallelize_module(block, tp_mesh, block_plan(block, sp))
+    if model.head is not None:
+        head = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
+                               output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                               use_local_output=not loss_parallel)
+        plan = {"head": head} | ({"norm": SequenceParallel()} if sp else {})
+        parallelize_module(model, tp_mesh, plan)
+    if tied:  # both are Shard(0) over the vocabulary: re-share the one DTensor parameter
+        model.head.weight = model.embed.tok.weight
+    return model

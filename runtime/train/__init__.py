@@ -1,0 +1,1 @@
+"""The training loop's parts: optimizer and LR schedule, data, metrics, checkpoints."""

@@ -1,0 +1,44 @@
+"""Per-step metrics: one JSON line per step appended to ``--metrics FILE`` by rank 0, and a summary."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+
+class MetricsLog:
+    def __init__(self, path: str | None, predicted_step_s: float | None, predicted_peak_gib: float | None) -> None:
+        self.path = Path(path) if path else None
+        self.predicted_step_s = predicted_step_s
+        self.predicted_peak_gib = predicted_peak_gib
+        self.rows: list[dict] = []
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def record(self, step: int, loss: float, step_time_s: float, tokens: int, peak_gib: float, lr: float,
+               grad_norm: float) -> dict:
+        row = {"step": step, "loss": loss, "step_time_s": round(step_time_s, 6),
+               "tokens_per_s": round(tokens / step_time_s, 2) if step_time_s > 0 else None,
+               "peak_memory_gib": round(peak_gib, 6), "lr": lr, "grad_norm": grad_norm,
+               "predicted_step_time_s": self.predicted_step_s, "predicted_peak_memory_gib": self.predicted_peak_gib}
+        self.rows.append(row)
+        if self.path is not None:
+            with self.path.open("a") as f:  # one line per write: a crash leaves whole lines behind
+                f.write(json.dumps(row) + "\n")
+        return row
+
+    def summary(self) -> str:
+        if not self.rows:
+            return "no steps run"
+        # the first step pays one-off costs (allocations, shape inference), so times skip it when possible
+        timed = self.rows[1:] or self.rows
+        t = statistics.median(r["step_time_s"] for r in timed)
+        first, last = self.rows[0], self.rows[-1]
+        peak = max(r["peak_memory_gib"] for r in self.rows)
+        pred = ""
+        if self.predicted_step_s is not None:
+            pred = f" (predicted {self.predicted_step_s:.4g} s, {self.predicted_peak_gib:.4g} GiB)"
+        return (f"steps {first['step']}-{last['step']}: loss {first['loss']:.4f} -> {last['loss']:.4f}, "
+                f"median step {t:.4g} s, {statistics.median(r['tokens_per_s'] or 0 for r in timed):.0f} tokens/s, "
+                f"peak {peak:.4g} GiB{pred}")

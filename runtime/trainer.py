@@ -1,0 +1,152 @@
+"""One training step and the loop around it, for every layout the plan can describe."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from autoplan.schema import Plan
+from runtime.build import Parts, build_parts, cross_entropy
+from runtime.device import GIB, MemoryMeter, autocast_dtype
+from runtime.mesh import ParallelMesh
+from runtime.parallel.data_parallel import local
+from runtime.train import checkpoint
+from runtime.train.data import TokenSource
+from runtime.train.metrics import MetricsLog
+from runtime.train.optim import clip_grad_norm, lr_at, set_lr
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    step_time_s: float
+    peak_bytes: int
+
+
+class Trainer:
+    """Builds this rank's parts from the plan and runs optimizer steps; ``step(i)`` is step i (0-based)."""
+
+    def __init__(self, plan: Plan, pm: ParallelMesh, data: TokenSource) -> None:
+        self.plan, self.pm, self.data = plan, pm, data
+        self.meter = MemoryMeter(pm.device)
+        self.parts: Parts = build_parts(plan, pm, self.meter)
+        self.amp = autocast_dtype(pm.device, plan.training.precision)
+
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.pm.device.type, dtype=self.amp)
+
+    def step(self, step: int) -> StepResult:
+        plan, pm, parts = self.plan, self.pm, self.parts
+        self.meter.reset()
+        t0 = time.perf_counter()
+        set_lr(parts.optimizer, lr_at(step, plan.training))
+        x, y = self.data.replica_batch(step, plan.training.global_batch_size, plan.dp, pm.dp_rank)
+        x, y = x.to(pm.device), y.to(pm.device)
+        parts.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss = self._pipelined(x, y) if parts.schedule is not None else self._single_stage(x, y)
+        self._sum_tied_grads()
+        norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip,
+                              pm.group("pp") if plan.pp > 1 else None, parts.clip_excluded)
+        parts.optimizer.step()
+        loss = self._global_loss(loss)
+        if pm.device.type == "cuda":
+            torch.cuda.synchronize(pm.device)
+        elapsed = time.perf_counter() - t0
+        peak = torch.tensor([self.meter.peak()], dtype=torch.float64, device=pm.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return StepResult(loss, float(norm), elapsed, int(peak.item()))
+
+    def _single_stage(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Gradient accumulation over the plan's micro-batches; grads are reduced over dp on the last."""
+        model, n = self.parts.models[0], self.plan.num_microbatches
+        total = torch.zeros((), device=self.pm.device)
+        for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
+            if isinstance(model, FSDPModule):
+                model.set_requires_gradient_sync(i == n - 1)
+            ctx = loss_parallel() if self.parts.loss_parallel else contextlib.nullcontext()
+            with ctx:
+                loss = cross_entropy(model(xm), ym) / n
+                loss.backward()
+            loss = loss.detach()
+            total += loss.full_tensor() if isinstance(loss, DTensor) else loss
+        return total
+
+    def _pipelined(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        parts = self.parts
+        args = (x,) if parts.has_first else ()
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": y, "losses": losses} if parts.has_last else {}
+        parts.schedule.step(*args, **kwargs)
+        if not parts.has_last:
+            return torch.zeros((), device=self.pm.device)
+        return torch.stack([l.detach().float() for l in losses]).mean()
+
+    def _sum_tied_grads(self) -> None:
+        """Tied embedding over pp > 1: sum the grads of the stage-0 embedding and the last-stage head copy
+        (Megatron's embedding-group all-reduce), so both copies take the same optimizer step."""
+        group = self.pm.embedding_group
+        if group is None:
+            return
+        for p in self.parts.tied_params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(local(p.grad), group=group)
+
+    def _global_loss(self, loss: torch.Tensor) -> float:
+        """Mean loss over the global batch, known on every rank: from the last pp rank, averaged over dp."""
+        loss = loss.float().reshape(1).clone()
+        if self.plan.pp > 1:
+            dist.all_reduce(loss, group=self.pm.group("pp"))  # only the last stage's rank is non-zero
+        if self.plan.dp > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.pm.group("dp"))
+        return float(loss.item())
+
+
+@dataclass
+class RunOptions:
+    steps: int
+    metrics: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    log_every: int = 1
+
+
+def run(trainer: Trainer, opts: RunOptions) -> list[float]:
+    """Train from step 0 (or the newest complete checkpoint) to ``opts.steps``; returns the losses run."""
+    parts, plan = trainer.parts, trainer.plan
+    start = 0
+    if opts.resume and opts.checkpoint_dir:
+        found = checkpoint.latest(opts.checkpoint_dir)
+        if found is not None:
+            start = checkpoint.load(found, parts.container(), parts.optimizer)
+    rank0 = dist.get_rank() == 0
+    pred = plan.predicted
+    log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
+                     pred.peak_memory_gib if pred else None)
+    tokens = plan.training.global_batch_size * plan.training.seq_len
+    losses = []
+    for step in range(start, opts.steps):
+        r = trainer.step(step)
+        losses.append(r.loss)
+        row = log.record(step + 1, r.loss, r.step_time_s, tokens, r.peak_bytes / GIB,
+                         lr_at(step, plan.training), r.grad_norm)
+        if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
+            print(f"step {row['step']:>5}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
+                  f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB", flush=True)
+        if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
+            checkpoint.save(opts.checkpoint_dir, step + 1, parts.container(), parts.optimizer)
+    if rank0:
+        print(log.summary(), flush=True)
+    return losses

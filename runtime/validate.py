@@ -1,0 +1,24 @@
+"""Checks of a plan against the world it is launched in, run on every rank *before* any collective, so a
+mismatch gives the same one-line SpecError everywhere and never a hang."""
+
+from __future__ import annotations
+
+from autoplan.errors import SpecError
+from autoplan.schema import Plan, check_fits
+
+
+def check_plan(plan: Plan, world_size: int, device_type: str, local_world_size: int) -> None:
+    if plan.world_size != world_size:
+        raise SpecError(f"tp * pp * dp = {plan.tp} * {plan.pp} * {plan.dp} = {plan.world_size} but torchrun started "
+                        f"{world_size} processes; launch with --nproc_per_node {plan.world_size} (or re-plan)")
+    check_fits(plan.layout(), plan.model, plan.training, None)
+    if plan.training.seq_len < 1 or plan.micro_batch_size < 1:
+        raise SpecError("training.seq_len / micro_batch_size: must be at least 1")
+    if device_type == "cuda":
+        import torch
+        if local_world_size > torch.cuda.device_count():
+            raise SpecError(f"--nproc_per_node {local_world_size} exceeds the {torch.cuda.device_count()} visible "
+                            "GPUs; start one process per GPU")
+    elif plan.cluster.backend == "nccl" and device_type == "cpu":
+        raise SpecError(f"cluster: the plan was made for {plan.cluster.name} (nccl) but no CUDA device is "
+                        "visible; plan for cpu-local, or pass --backend gloo to run it on CPU anyway")

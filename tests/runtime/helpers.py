@@ -1,0 +1,77 @@
+"""Test helpers: hand-made plans from a few numbers, and the serial single-process reference run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autoplan.schema import Plan, Stage, TrainingSetup, check_fits, load_cluster, load_model
+
+
+def even_sizes(num_layers: int, num_stages: int) -> list[int]:
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (i < extra) for i in range(num_stages)]
+
+
+def make_plan(model: str = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *, schedule: str = "1f1b",
+              virtual_stages: int = 1, stage_sizes: list[int] | None = None, full: tuple[int, ...] = (),
+              selective: tuple[int, ...] = (), zero: int = 0, sp: bool = False, offload: bool = False,
+              micro_batch_size: int = 2, num_microbatches: int | None = None, seq_len: int = 32,
+              seed: int = 0, **training) -> Plan:
+    """A validated Plan for cpu-local with tp*pp*dp devices, fp32 (exact comparisons need fp32)."""
+    spec = load_model(model)
+    if pp == 1 and schedule == "1f1b":
+        schedule = "gpipe"  # one stage: the schedule is irrelevant; gpipe has no micro-batch floor
+    n_mb = num_microbatches if num_microbatches is not None else max(2, pp)
+    num_stages = pp * virtual_stages
+    sizes = stage_sizes or even_sizes(spec.num_layers, num_stages)
+    stages, start = [], 0
+    for i, n in enumerate(sizes):
+        layers = range(start, start + n)
+        stages.append(Stage(index=i, rank=i % pp, layers=(start, start + n),
+                            full_recompute=tuple(k for k in full if k in layers),
+                            selective_recompute=tuple(k for k in selective if k in layers)))
+        start += n
+    cluster = dataclasses.replace(load_cluster("cpu-local"), devices_per_node=tp * pp * dp)
+    train = TrainingSetup(global_batch_size=micro_batch_size * n_mb * dp, seq_len=seq_len, precision="fp32",
+                          seed=seed, **({"warmup_steps": 2, "learning_rate": 1e-3} | training))
+    plan = Plan(tp=tp, pp=pp, dp=dp, sequence_parallel=sp, zero_stage=zero, offload_optimizer=offload,
+                schedule=schedule, virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
+                num_microbatches=n_mb, stages=tuple(stages), model=spec, cluster=cluster, training=train)
+    check_fits(plan.layout(), spec, train, cluster.num_devices)
+    return plan
+
+
+def serial_losses(plan: Plan, steps: int, data_path: str | None = None) -> list[float]:
+    """The same model and global batches trained in one process with plain PyTorch: the reference.
+
+    Shares only the model code, the data source and the LR formula with the runtime; the optimizer
+    step, clipping (torch.nn.utils.clip_grad_norm_) and the loss are written out here independently.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from runtime.models import build_model
+    from runtime.train.data import TokenSource
+    from runtime.train.optim import lr_at
+
+    t = plan.training
+    torch.manual_seed(t.seed)
+    model = build_model(plan.model, seq_len=t.seq_len)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    data = TokenSource(plan.model.vocab_size, t.seq_len, t.seed, data_path)
+    losses = []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, t)
+        x, y = data.global_batch(step, t.global_batch_size)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    return losses
