@@ -1,0 +1,243 @@
+"""Dispatch-level tracing: one forward pass recorded as aten ops, each tagged with the layer it ran in.
+
+Why dispatch-level (a ``TorchDispatchMode``) and not torch.fx or torch.export: fx fails on the
+data-dependent Python that HF models are full of (cache objects, mask helpers, ``if`` on shapes) and sees
+``F.linear`` but not what autograd keeps; export handles more but costs seconds per call, needs example
+inputs that satisfy its guards, and rebuilds the module. The dispatch mode instead sits under the real
+forward, so whatever runs eagerly traces; it sees every aten op with its real (meta) inputs and outputs,
+which gives FLOPs (torch's own ``flop_registry``), a dataflow graph for finding TP splits, and, together
+with ``saved_tensors_hooks``, the bytes autograd saves. Module hooks say which layer is running.
+
+Tensor identity in the graph is the Python object (``id``); every tensor is kept alive until the trace is
+dropped so that ids are never reused. On meta that costs no memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+EMBEDDING, HEAD = "embedding", "head"
+
+
+@dataclass
+class OpRecord:
+    name: str
+    """aten overload, e.g. ``aten.mm.default``."""
+    segment: str
+    module: str
+    """Innermost module FQN running when the op was dispatched."""
+    inputs: list[int]
+    outputs: list[int]
+    pointwise: bool
+    flops: int
+
+
+@dataclass
+class LinearCall:
+    fqn: str
+    segment: str
+    input_id: int
+    output_id: int
+    in_features: int
+    out_features: int
+
+
+@dataclass
+class SavedTensor:
+    segment: str
+    module: str
+    op: str
+    """The last aten op dispatched before autograd saved the tensor (the op whose backward needs it)."""
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass
+class Trace:
+    """Everything one forward pass showed, keyed by segment (``embedding``, a block FQN, ``head``)."""
+
+    segments: list[str]
+    ops: list[OpRecord] = field(default_factory=list)
+    linears: list[LinearCall] = field(default_factory=list)
+    saved: list[SavedTensor] = field(default_factory=list)
+    params: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    shared_params: int = 0
+    """Parameters used by a later segment than the one that owns them (a tied head weight)."""
+    param_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    output_bytes: dict[str, int] = field(default_factory=dict)
+    hidden_input: dict[str, int] = field(default_factory=dict)
+    """id of each block's hidden-state input (its first floating-point tensor argument)."""
+    block_inputs: dict[str, tuple[tuple, dict]] = field(default_factory=dict)
+    """(args, kwargs) each block was called with (meta tensors), to rebuild inputs for timing."""
+    hidden_width: int | None = None
+    keepalive: list[Any] = field(default_factory=list)
+
+    def flops(self, segment: str) -> int:
+        return sum(op.flops for op in self.ops if op.segment == segment)
+
+    def saved_bytes(self, segment: str) -> int:
+        return sum(s.nbytes for s in self.saved if s.segment == segment)
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+class _State:
+    """Which segment and module are running; shared by the hooks and the dispatch mode."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.segment = EMBEDDING
+        self.module_stack: list[str] = [""]
+        self.last_op = ""
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, trace: Trace, state: _State, param_owner: dict[int, tuple[str, int, int]]) -> None:
+        super().__init__()
+        self.trace, self.state = trace, state
+        self.param_owner = param_owner  # storage key -> (name, numel, nbytes), popped on first use
+        self.claimed: dict[int, tuple[str, int]] = {}  # storage key -> (segment, numel)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
+            return _meta_item(args[0])
+        out = func(*args, **kwargs)
+        flat_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self._claim_params(flat_in)
+        packet = func._overloadpacket
+        flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0
+        name = str(func)
+        self.state.last_op = name
+        self.trace.ops.append(OpRecord(name, self.state.segment, self.state.module_stack[-1],
+                                       [id(t) for t in flat_in], [id(t) for t in flat_out],
+                                       torch.Tag.pointwise in func.tags, flops))
+        self.trace.keepalive.extend(flat_out)
+        return out
+
+    def _claim_params(self, tensors: list[torch.Tensor]) -> None:
+        """A parameter belongs to the segment that first uses it, so a tied head weight counts once."""
+        for t in tensors:
+            key = _storage_key(t)
+            owner = self.param_owner.pop(key, None) if self.param_owner else None
+            if owner is not None:
+                self.trace.params[self.state.segment] += owner[1]
+                self.trace.param_bytes[self.state.segment] += owner[2]
+                self.claimed[key] = (self.state.segment, owner[1])
+            elif key in self.claimed and self.claimed[key][0] != self.state.segment:
+                self.trace.shared_params += self.claimed.pop(key)[1]
+
+
+def _meta_item(t: torch.Tensor) -> bool | int:
+    """A meta tensor has no value, yet HF code asks ``.item()``/``.all()`` of masks and position ids
+    ("is the padding mask all ones?", "are the sequences unpacked?"). For a bool we answer True, which is
+    the training case of full, unpacked sequences; for a number 0."""
+    return True if t.dtype == torch.bool else 0
+
+
+def _tensor_bytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(obj)[0]
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def _first_float(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for t in tree_flatten((args, kwargs.get("hidden_states"), kwargs))[0]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t
+    return None
+
+
+@contextlib.contextmanager
+def _hooks(model: nn.Module, blocks: list[tuple[str, nn.Module]], trace: Trace, state: _State) -> Iterator[None]:
+    handles = []
+    block_ids = {id(b): name for name, b in blocks}
+
+    def pre(module, args, kwargs):
+        state.module_stack.append(state.names.get(id(module), type(module).__name__))
+        name = block_ids.get(id(module))
+        if name is not None:
+            state.segment = name
+            hidden = _first_float(args, kwargs)
+            if hidden is not None:
+                trace.hidden_input[name] = id(hidden)
+                trace.hidden_width = hidden.shape[-1]
+                if name == blocks[0][0]:
+                    trace.output_bytes[EMBEDDING] = _tensor_bytes(hidden)
+            trace.block_inputs[name] = (args, kwargs)
+
+    def post(module, args, kwargs, output):
+        state.module_stack.pop()
+        name = block_ids.get(id(module))
+        if name is not None:
+            trace.output_bytes[name] = _tensor_bytes(output if isinstance(output, torch.Tensor) else
+                                                     tree_flatten(output)[0][:1])
+            state.segment = HEAD
+        if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor):
+            x = args[0] if args else kwargs["input"]
+            trace.linears.append(LinearCall(state.names.get(id(module), "?"), state.segment, id(x), id(output),
+                                            module.in_features, module.out_features))
+
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _pack_hook(trace: Trace, state: _State, param_keys: set[int], seen: set[int]):
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in param_keys and key not in seen:
+            seen.add(key)
+            nbytes = t.untyped_storage().nbytes()
+            trace.saved.append(SavedTensor(state.segment, state.module_stack[-1], state.last_op,
+                                           tuple(t.shape), str(t.dtype).replace("torch.", ""), nbytes))
+        return t
+    return pack
+
+
+def call_with(model: nn.Module, batch: Any) -> Any:
+    """``model(batch)`` for a tensor, a tuple of positional arguments, or a dict of keyword arguments."""
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
+
+
+def trace_forward(model: nn.Module, blocks: list[tuple[str, nn.Module]], run: Any) -> tuple[Trace, Any]:
+    """Run ``run()`` (a forward of ``model``) once, recording ops, params, saved tensors and outputs."""
+    names = {id(m): n for n, m in model.named_modules()}
+    trace = Trace(segments=[EMBEDDING] + [n for n, _ in blocks] + [HEAD])
+    state = _State(names)
+    param_owner: dict[int, tuple[str, int, int]] = {}
+    for n, p in model.named_parameters():
+        param_owner.setdefault(_storage_key(p), (n, p.numel(), p.numel() * p.element_size()))
+    param_keys = set(param_owner)
+    with _hooks(model, blocks, trace, state), \
+            torch.autograd.graph.saved_tensors_hooks(_pack_hook(trace, state, param_keys, set()), lambda t: t), \
+            _Recorder(trace, state, param_owner):
+        out = run()
+    # parameters no op touched (unused modules) still count, in the head, so totals add up
+    for _, numel, nbytes in param_owner.values():
+        trace.params[HEAD] += numel
+        trace.param_bytes[HEAD] += nbytes
+    logits = getattr(out, "logits", out)
+    trace.output_bytes[HEAD] = _tensor_bytes(logits)
+    trace.keepalive.append(out)
+    return trace, out

@@ -1,0 +1,167 @@
+"""The model profile: what ``autoplan profile`` measured of a model, layer by layer, per micro-batch size.
+
+A profile lets the planner plan a model it has no formulas for (a Hugging Face config, a user's own
+module): the tracer has counted each layer's parameters, forward FLOPs, the bytes autograd keeps for
+backward and the bytes a pipeline stage would send, and found which linear layers split for tensor
+parallelism; on a real device it also timed each distinct block.
+
+Naming: a *layer* is what a pipeline stage boundary can fall between: the ``embedding`` (everything the
+model runs before its first repeated block), each ``block`` (one element of the repeated module list), and
+the ``head`` (everything after the last block: final norm, output projection). ``block_type`` tells
+repeated blocks apart (the class name plus the parameter shapes, as a short signature) so that the planner
+can check they are identical. All byte counts are for one micro-batch on one unsharded device; FLOPs
+count a multiply-add as 2, attention scores in full (not halved for the causal mask).
+
+This module must not import torch: the planner reads profiles without it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from autoplan.schema._io import dump_yaml, load_yaml, read_yaml, require
+from autoplan.schema.hardware import Precision
+
+PROFILE_VERSION = 1
+LayerKind = Literal["embedding", "block", "head"]
+AttentionMemory = Literal["measured", "flash-emulated", "math"]
+"""How the attention core's saved bytes were obtained: ``measured`` = the real device's SDPA kernel ran;
+``flash-emulated`` = traced on meta with SDPA replaced by a function that keeps what a flash kernel keeps
+(q, k, v, output and the fp32 log-sum-exp); ``math`` = traced on meta with the math SDPA, which keeps the
+s x s probability matrix."""
+
+
+@dataclass(frozen=True)
+class TpSplit:
+    """Linears that split column-wise (``columns``, output features sharded) feeding one linear that splits
+    row-wise (``row``, input features sharded): Megatron's attention (q, k, v -> o) and MLP (fc1 -> fc2)
+    pattern. Names are relative to the layer. Between them there are only element-wise and attention ops,
+    so one all-reduce after ``row`` is the only communication."""
+
+    columns: tuple[str, ...]
+    row: str
+
+
+@dataclass(frozen=True)
+class TpShard:
+    """One rank's share of the layer with its TP splits sharded ``tp`` ways (the column linears keep
+    1/tp of their output features, the row linears 1/tp of their input features), traced at that shape;
+    communication excluded. Times are None where not measured."""
+
+    tp: int
+    params: int
+    fwd_flops: int
+    saved_activation_bytes: int
+    fwd_time_s: float | None = None
+    bwd_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """One layer at one micro-batch size."""
+
+    micro_batch_size: int
+    fwd_flops: int
+    saved_activation_bytes: int
+    """Bytes autograd keeps for backward (deduplicated by storage, parameters excluded)."""
+    output_bytes: int
+    """Bytes of the activation the layer hands to the next one (what a pipeline stage sends)."""
+    fwd_time_s: float | None = None
+    bwd_time_s: float | None = None
+    tp_shards: tuple[TpShard, ...] = ()
+    """The layer at each TP size > 1 of the profile that its splits allow."""
+
+    def shard(self, tp: int) -> TpShard | None:
+        return next((s for s in self.tp_shards if s.tp == tp), None)
+
+    def validate(self) -> None:
+        require(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1")
+        for field in ("fwd_flops", "saved_activation_bytes", "output_bytes"):
+            require(getattr(self, field) >= 0, field, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    name: str
+    """Module path of the block (``blocks.3``), or ``embedding`` / ``head``."""
+    kind: LayerKind
+    block_type: str
+    params: int
+    """Parameters first used by this layer (a tied head weight counts once, in the embedding)."""
+    param_bytes: int
+    tp_splits: tuple[TpSplit, ...]
+    measurements: tuple[LayerMeasurement, ...]
+    """One per micro-batch size of the profile, in the same order."""
+
+    def measurement(self, micro_batch_size: int) -> LayerMeasurement:
+        for m in self.measurements:
+            if m.micro_batch_size == micro_batch_size:
+                return m
+        sizes = ", ".join(str(m.micro_batch_size) for m in self.measurements)
+        raise KeyError(f"micro-batch size {micro_batch_size} not profiled (profiled: {sizes})")
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    source: str
+    """What was profiled: a shipped model name, a spec or config.json path, or ``module:factory``."""
+    device: str
+    """Where times and saved bytes were measured: ``meta`` (nothing timed), ``cpu`` or ``cuda``."""
+    device_name: str
+    """The device model (CPU model name or ``torch.cuda.get_device_name``); the planner compares it."""
+    dtype: Precision
+    seq_len: int | None
+    """Tokens per sequence; None for a model whose example input has no sequence axis."""
+    micro_batch_sizes: tuple[int, ...]
+    tp_sizes: tuple[int, ...]
+    torch_version: str
+    attention_memory: AttentionMemory
+    total_params: int
+    layers: tuple[LayerProfile, ...]
+    tied_params: int = 0
+    """Parameters the head uses but the embedding owns (a tied output projection)."""
+    hidden_size: int | None = None
+    """Width of the block output's last axis, when the blocks pass a [b, s, h] tensor."""
+    version: int = PROFILE_VERSION
+
+    def validate(self) -> None:
+        require(self.version == PROFILE_VERSION, "version", f"expected {PROFILE_VERSION}; re-run autoplan profile")
+        require(len(self.micro_batch_sizes) >= 1, "micro_batch_sizes", "profile at least one micro-batch size")
+        require(all(t >= 1 for t in self.tp_sizes), "tp_sizes", "must be at least 1")
+        require(len(self.layers) >= 1, "layers", "a profile needs at least one layer")
+        require(sum(layer.params for layer in self.layers) == self.total_params, "total_params",
+                "must equal the sum of the layers' params")
+        for i, layer in enumerate(self.layers):
+            sizes = tuple(m.micro_batch_size for m in layer.measurements)
+            require(sizes == self.micro_batch_sizes, f"layers[{i}].measurements",
+                    f"micro-batch sizes {sizes} differ from micro_batch_sizes {self.micro_batch_sizes}")
+
+    @property
+    def blocks(self) -> tuple[LayerProfile, ...]:
+        return tuple(layer for layer in self.layers if layer.kind == "block")
+
+    def layer(self, kind: LayerKind) -> LayerProfile | None:
+        """The embedding or the head (None if the model has none)."""
+        return next((layer for layer in self.layers if layer.kind == kind), None)
+
+
+def load_profile(path: str | os.PathLike) -> ModelProfile:
+    """Strict load: unknown keys, missing fields and mismatched micro-batch lists are one-line SpecErrors."""
+    return load_yaml(ModelProfile, path)
+
+
+def dump_profile(profile: ModelProfile) -> str:
+    header = (f"# autoplan model profile of {profile.name} ({profile.source}) on {profile.device}"
+              f" ({profile.device_name}), {profile.dtype}, torch {profile.torch_version}\n"
+              "# Plan from it with: autoplan plan <this file> --cluster ...\n")
+    return dump_yaml(profile, header)
+
+
+def is_profile_file(path: str | os.PathLike) -> bool:
+    """Whether a YAML file is a model profile (it has ``layers`` and ``total_params``), without loading it
+    strictly; the planner uses this to accept a profile in place of a model spec."""
+    data = read_yaml(path)
+    return isinstance(data, dict) and "layers" in data and "total_params" in data
