@@ -56,8 +56,7 @@ class Trainer:
         with self._autocast():
             loss = self._pipelined(x, y) if parts.schedule is not None else self._single_stage(x, y)
         self._sum_tied_grads()
-        norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip,
-                              pm.group("pp") if plan.pp > 1 else None, parts.clip_excluded)
+        norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, plan.tp * plan.dp, parts.clip_excluded)
         parts.optimizer.step()
         loss = self._global_loss(loss)
         if pm.device.type == "cuda":
@@ -134,7 +133,7 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     rank0 = dist.get_rank() == 0
     pred = plan.predicted
     log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
-                     pred.peak_memory_gib if pred else None)
+                     pred.peak_memory_gib if pred else None, append=start > 0)
     tokens = plan.training.global_batch_size * plan.training.seq_len
     losses = []
     for step in range(start, opts.steps):

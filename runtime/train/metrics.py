@@ -8,13 +8,16 @@ from pathlib import Path
 
 
 class MetricsLog:
-    def __init__(self, path: str | None, predicted_step_s: float | None, predicted_peak_gib: float | None) -> None:
+    def __init__(self, path: str | None, predicted_step_s: float | None, predicted_peak_gib: float | None,
+                 append: bool = False) -> None:
         self.path = Path(path) if path else None
         self.predicted_step_s = predicted_step_s
         self.predicted_peak_gib = predicted_peak_gib
         self.rows: list[dict] = []
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not append:  # a fresh run starts a fresh file; a resumed run continues it
+                self.path.write_text("")
 
     def record(self, step: int, loss: float, step_time_s: float, tokens: int, peak_gib: float, lr: float,
                grad_norm: float) -> dict:

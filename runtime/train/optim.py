@@ -33,38 +33,40 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def _sum_squares(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Sum of squared entries over all ranks' shards, for grads that are DTensors on one mesh with one
-    placement (or plain tensors, identical on every rank that holds them)."""
-    total = torch.nn.utils.get_total_norm(grads, 2.0, foreach=False)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()  # reduces the Partial norm over the sharded mesh axes
-    return total.float() ** 2
+def _local_sum_squares(grad: torch.Tensor, stage_ranks: int) -> torch.Tensor:
+    """This rank's share of sum(grad**2) over the whole model, such that summing the shares of all
+    ranks counts every entry once. A DTensor's local shard is counted once per replica: it is divided by
+    the ranks of its stage holding the same data (the mesh's Replicate axes and, when the mesh does not
+    span the whole stage, the ranks outside it). A plain tensor is a full copy on every rank of the stage."""
+    if not isinstance(grad, DTensor):
+        return grad.detach().float().square().sum() / stage_ranks
+    copies = stage_ranks // grad.device_mesh.size()
+    for axis, placement in enumerate(grad.placements):
+        if placement.is_partial():  # never for grads we see; refuse rather than count wrongly
+            raise RuntimeError(f"clip_grad_norm: partial gradient placement {grad.placements}")
+        if placement.is_replicate():
+            copies *= grad.device_mesh.size(axis)
+    return grad._local_tensor.detach().float().square().sum() / copies
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group, excluded: set[int]) -> torch.Tensor:
-    """Clip to a global 2-norm over every parameter of the model, counted once; returns the norm.
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stage_ranks: int, excluded: set[int]) -> torch.Tensor:
+    """Clip to the global 2-norm over every parameter of the model, counted once; returns the norm.
 
-    Why our own (around torch's get_total_norm / clip_grads_with_norm_): with TP some grads are DTensors
-    on the tp mesh, some on the dp x tp mesh (FSDP), some plain tensors (norms without SP), and torch's
-    clip_grad_norm_ cannot stack norms of different meshes; nor does it know that each pipeline rank
-    holds different parameters. So: norm per (mesh, placements) group, squares summed, summed over the
-    pp group. ``excluded`` holds ids of parameters that are copies counted elsewhere (the tied head on
-    the last stage, whose twin is the first stage's embedding).
+    Why our own (on top of torch's formula): with TP some grads are DTensors on the tp mesh, some on the
+    dp x tp mesh (FSDP / replicate), some plain tensors (norms without SP), and each pipeline rank holds
+    different parameters; torch's clip_grad_norm_ cannot combine norms of different meshes and does not
+    know about pp. So each rank sums its shares of the squares (``_local_sum_squares``), one all-reduce
+    over the world adds them up. ``stage_ranks`` = tp * dp, the ranks that hold one pipeline stage.
+    ``excluded`` holds ids of parameters that are copies counted elsewhere (the tied head on the last
+    stage, whose twin is the first stage's embedding, as Megatron does).
     """
-    groups: dict[object, list[torch.Tensor]] = {}
-    for p in params:
-        if p.grad is None or id(p) in excluded:
-            continue
-        g = p.grad
-        key = (g.device_mesh, g.placements) if isinstance(g, DTensor) else "plain"
-        groups.setdefault(key, []).append(g)
     device = params[0].device if params else torch.device("cpu")
-    sq = torch.zeros((), device=device)
-    for key in sorted(groups, key=str):  # the same order on every rank of a mesh: the collectives match
-        sq = sq + _sum_squares(groups[key]).to(device)
-    if pp_group is not None and dist.get_world_size(pp_group) > 1:
-        dist.all_reduce(sq, group=pp_group)
+    sq = torch.zeros((), device=device, dtype=torch.float32)
+    for p in params:
+        if p.grad is not None and id(p) not in excluded:
+            sq += _local_sum_squares(p.grad, stage_ranks).to(device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sq)
     norm = sq.sqrt()
     if max_norm > 0:
         # torch's formula (clip_grads_with_norm_), with a Python float so DTensor and plain grads both take it

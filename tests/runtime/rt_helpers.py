@@ -33,7 +33,7 @@ def make_plan(model: str = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *,
         start += n
     cluster = dataclasses.replace(load_cluster("cpu-local"), devices_per_node=tp * pp * dp)
     train = TrainingSetup(global_batch_size=micro_batch_size * n_mb * dp, seq_len=seq_len, precision="fp32",
-                          seed=seed, **({"warmup_steps": 2, "learning_rate": 1e-3} | training))
+                          seed=seed, **({"warmup_steps": 2, "learning_rate": 1e-2} | training))
     plan = Plan(tp=tp, pp=pp, dp=dp, sequence_parallel=sp, zero_stage=zero, offload_optimizer=offload,
                 schedule=schedule, virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
                 num_microbatches=n_mb, stages=tuple(stages), model=spec, cluster=cluster, training=train)
@@ -41,7 +41,7 @@ def make_plan(model: str = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *,
     return plan
 
 
-def serial_losses(plan: Plan, steps: int, data_path: str | None = None) -> list[float]:
+def serial_run(plan: Plan, steps: int, data_path: str | None = None) -> tuple[list[float], list[float]]:
     """The same model and global batches trained in one process with plain PyTorch: the reference.
 
     Shares only the model code, the data source and the LR formula with the runtime; the optimizer
@@ -62,7 +62,7 @@ def serial_losses(plan: Plan, steps: int, data_path: str | None = None) -> list[
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=False)
     data = TokenSource(plan.model.vocab_size, t.seq_len, t.seed, data_path)
-    losses = []
+    losses, norms = [], []
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, t)
@@ -70,8 +70,8 @@ def serial_losses(plan: Plan, steps: int, data_path: str | None = None) -> list[
         opt.zero_grad()
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip > 0 else float("inf"))
         opt.step()
         losses.append(loss.item())
-    return losses
+        norms.append(norm.item())
+    return losses, norms

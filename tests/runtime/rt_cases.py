@@ -1,0 +1,43 @@
+"""The multi-process test matrix: each case is make_plan() keyword arguments, grouped by world size so
+one torchrun launch per world size runs a whole list (start-up is 4-17 s per launch on 2 cores)."""
+
+from __future__ import annotations
+
+RECOMPUTE = {"full": (1, 6), "selective": (2, 5)}  # "some layers" on both pipeline ranks
+
+CASES: dict[int, dict[str, dict]] = {
+    2: {
+        "tp2": dict(tp=2),
+        "tp2_sp": dict(tp=2, sp=True),
+        "pp2_gpipe": dict(pp=2, schedule="gpipe", num_microbatches=4),
+        "pp2_1f1b": dict(pp=2, schedule="1f1b", num_microbatches=4),
+        "pp2_interleaved_v2": dict(pp=2, schedule="interleaved", virtual_stages=2, num_microbatches=4),
+        "pp2_1f1b_unequal": dict(pp=2, schedule="1f1b", stage_sizes=[3, 5], num_microbatches=2),
+        "dp2_zero0": dict(dp=2, zero=0),
+        "dp2_zero1": dict(dp=2, zero=1),
+        "dp2_zero2": dict(dp=2, zero=2),
+        "dp2_zero3": dict(dp=2, zero=3),
+        "dp2_zero3_offload": dict(dp=2, zero=3, offload=True),
+    },
+    4: {
+        "tp4": dict(tp=4),
+        "pp4_gpipe": dict(pp=4, schedule="gpipe", num_microbatches=4),
+        "pp4_1f1b": dict(pp=4, schedule="1f1b", num_microbatches=4),
+        "pp4_interleaved_v2": dict(pp=4, schedule="interleaved", virtual_stages=2, num_microbatches=4),
+        "pp4_gpipe_unequal": dict(pp=4, schedule="gpipe", stage_sizes=[1, 3, 2, 2], num_microbatches=2),
+        "dp4_zero0": dict(dp=4, zero=0, micro_batch_size=1),
+        "dp4_zero1": dict(dp=4, zero=1, micro_batch_size=1),
+        "dp4_zero2": dict(dp=4, zero=2, micro_batch_size=1),
+        "dp4_zero3": dict(dp=4, zero=3, micro_batch_size=1),
+        "llama_tp2_pp2": dict(model="llama-tiny", tp=2, pp=2, schedule="1f1b", num_microbatches=2),
+    },
+    8: {
+        "tp8": dict(tp=8),
+        "tp2_pp2_dp2_1f1b_zero1_recompute": dict(tp=2, pp=2, dp=2, schedule="1f1b", zero=1, num_microbatches=2,
+                                                 **RECOMPUTE),
+        "tp2_pp2_dp2_1f1b_zero3_recompute": dict(tp=2, pp=2, dp=2, schedule="1f1b", zero=3, num_microbatches=2,
+                                                 **RECOMPUTE),
+    },
+}
+
+STEPS = 5

@@ -1,0 +1,35 @@
+"""Launch torchrun from tests, once per world size per pytest session (cached)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def torchrun(nproc: int, args: list[str], timeout_s: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """torchrun --standalone with OMP_NUM_THREADS=1 (8 ranks would oversubscribe 2 cores otherwise)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")]),
+                **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env, cwd=ROOT)
+
+
+@functools.lru_cache(maxsize=None)
+def matrix_results(world: int) -> dict:
+    """Run every case of one world size (tests/runtime/rt_cases.py) and return rank 0's JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        proc = torchrun(world, [str(HERE / "rt_worker.py"), str(world), str(out)])
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                               f"{proc.stderr[-6000:]}")
+        return json.loads(out.read_text())
