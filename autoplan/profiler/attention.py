@@ -21,12 +21,18 @@ _ORIGINAL_SDPA = F.scaled_dot_product_attention
 
 
 class FlashEmulatedSDPA(torch.autograd.Function):
-    """Forward = math SDPA; saved = (q, k, v, out, logsumexp[b, a, s] fp32), as the flash kernels keep."""
+    """Forward = math SDPA; saved = (q, k, v, out, logsumexp[b, a, s] fp32), as the flash kernels keep.
+
+    The output takes the memory layout of q, as torch's CPU flash kernel gives it: when q is a transposed
+    [b, s, a, d] view (GPT) the block's later ``transpose(1, 2).reshape`` is a view of the saved output; when
+    q is contiguous [b, a, s, d] (after RoPE, Llama) that reshape copies, and the output projection keeps a
+    second e*s*b*h tensor. Measured on CPU in ``benchmarks/profile_saved_bytes.py``.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, kwargs):  # type: ignore[override]
         with torch.no_grad():
-            out = _ORIGINAL_SDPA(q, k, v, **kwargs)
+            out = torch.empty_like(q).copy_(_ORIGINAL_SDPA(q, k, v, **kwargs))
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         ctx.save_for_backward(q, k, v, out, lse)
         return out

@@ -111,7 +111,9 @@ def _from_factory(arg: str, dtype: torch.dtype) -> LoadedModel:
 def _example_seq_len(example: Any) -> int | None:
     first = next(iter(example.values())) if isinstance(example, dict) else (
         example[0] if isinstance(example, tuple) else example)
-    return first.shape[1] if isinstance(first, torch.Tensor) and first.dim() >= 2 else None
+    """Token ids [B, S] have a sequence axis; images and other float inputs do not claim one."""
+    is_tokens = isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point()
+    return first.shape[1] if is_tokens else None
 
 
 def _like(example: Any, dtype: torch.dtype) -> Callable[[int, torch.device], Any]:

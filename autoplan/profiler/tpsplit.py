@@ -28,6 +28,9 @@ PER_SHARD_OPS = {
     "repeat_interleave", "index_select", "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_cudnn_attention", "scaled_dot_product_attention", "lift_fresh",
+    # allocations shaped like an activation carry none of its data
+    "empty_like", "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros", "new_ones", "empty_strided",
+    "fill_", "zero_",
 }
 
 
@@ -68,10 +71,10 @@ def _columns_feeding(graph: nx.DiGraph, row: LinearCall, by_output: dict[int, Li
         if tensor[1] in by_output:
             columns.setdefault(by_output[tensor[1]].fqn, by_output[tensor[1]])
             continue
+        if tensor == hidden:
+            return None  # the layer input reaches the row linear unsplit
         if tensor not in dependent:
             continue  # replicated (RoPE tables, masks, constants)
-        if tensor == hidden or tensor not in graph:
-            return None
         for producer in graph.predecessors(tensor):
             if not _allowed(graph.nodes[producer]["op"]):
                 return None
