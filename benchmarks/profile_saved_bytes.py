@@ -1,7 +1,7 @@
 """What PyTorch really keeps for backward in one GPT and one Llama block, term by term, in units of s*b*h
 bytes, against the Korthikanti-style count of ``autoplan.cost.activations.block_saved_bytes``.
 
-Run: ``python benchmarks/profile_saved_bytes.py``. Every configuration runs one real block on CPU under
+Run: ``python benchmarks/profile_saved_bytes.py [--device cuda]``. Every configuration runs one real block under
 the profiler's tracer (saved_tensors_hooks, deduplicated by storage, parameters excluded), so the terms
 are what the real kernels save: flash = CPU flash SDPA (the default backend), math = SDPA forced to the
 math backend (``sdpa_kernel(SDPBackend.MATH)``). Shapes: s=256, b=2, h=256, 8 heads, f=4h (GPT) or
@@ -36,12 +36,15 @@ def spec(arch: str, dropout: float) -> ModelSpec:
                      dropout=dropout)
 
 
+DEVICE = torch.device("cuda" if "--device" in sys.argv and sys.argv[-1] == "cuda" else "cpu")
+
+
 def measure(arch: str, dtype: torch.dtype, attention: str, dropout: float) -> tuple[list[tuple[str, float]], float]:
     """Each saved tensor (module, saving op, shape, dtype) in units of s*b*h bytes, and the total."""
     torch.manual_seed(0)
     model = build_model(spec(arch, dropout), device="meta", seq_len=S)
-    block = materialize(model.blocks["0"], torch.device("cpu")).to(dtype).train()
-    x = torch.randn(B, S, H, dtype=dtype, requires_grad=True)
+    block = materialize(model.blocks["0"], DEVICE).to(dtype).train()
+    x = torch.randn(B, S, H, dtype=dtype, device=DEVICE, requires_grad=True)
     backend = sdpa_kernel(SDPBackend.MATH) if attention == "math" else contextlib.nullcontext()
     with backend:
         trace, _ = trace_forward(block, [("block", block)], lambda: block(x))

@@ -220,3 +220,14 @@ def _edge_cost(layer: LayerProfile | None, b: int, tp: int, cluster: Cluster, tr
     saved = m.saved_activation_bytes / (tp if divide_saved else 1)
     shape = _Shape(layer.params / tp, m.fwd_flops / tp, saved, m.output_bytes, m.fwd_time_s, m.bwd_time_s)
     return _cost(shape, saved, saved, cluster, training, use_measured, tp_fwd_s, tp_bwd_s)
+
+
+def allowed_tp_sizes(profile: ModelProfile) -> tuple[int, ...]:
+    """TP sizes the profile shows every block can be sharded at (1 always): what the planner may try in
+    place of ``check_fits``'s head/ffn/vocab divisibility rules, which need a ModelSpec."""
+    sizes = {1}
+    blocks = profile.blocks
+    if blocks and all(layer.tp_splits for layer in blocks):
+        common = set.intersection(*({s.tp for m in layer.measurements for s in m.tp_shards} for layer in blocks))
+        sizes |= common
+    return tuple(sorted(sizes))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import platform
 import sys
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,12 +64,18 @@ def profile_model(model_arg: str, options: ProfileOptions) -> ModelProfile:
     blocks = find_blocks(loaded.model)
     _say(options, f"tracing {loaded.name} on meta ({len(blocks)} blocks) at micro-batch sizes "
          f"{list(options.micro_batch_sizes)}")
-    traces = {b: _trace_model(loaded, blocks, b) for b in options.micro_batch_sizes}
+    traces = {}
+    for b in options.micro_batch_sizes:
+        start = time.perf_counter()
+        traces[b] = _trace_model(loaded, blocks, b)
+        _say(options, f"  micro-batch {b}: {len(traces[b].ops):,} ops traced in {time.perf_counter() - start:.1f} s")
     first = traces[options.micro_batch_sizes[0]]
     signatures = {name: block_signature(block) for name, block in blocks}
     kinds = _kinds(blocks, signatures, first, traces)
     shards = {(sig, b): _meta_shards(kind, b, options.tp_sizes) for sig, kind in kinds.items()
               for b in options.micro_batch_sizes}
+    if any(t > 1 for t in options.tp_sizes):
+        _say(options, f"  {len(kinds)} block kind(s); TP shards traced at {sorted(set(options.tp_sizes) - {1})}")
     timings: dict[tuple[str, int, int], BlockTiming] = {}
     if device.type != "meta":
         timings = _time_kinds(kinds, shards, device, options)

@@ -11,7 +11,7 @@ import pytest
 
 from autoplan.cost.workload import analytic_workload
 from autoplan.errors import SpecError
-from autoplan.profiler.adapter import check_profile, profile_workload_fn
+from autoplan.profiler.adapter import allowed_tp_sizes, check_profile, profile_workload_fn
 from autoplan.schema import TrainingSetup, load_cluster, load_model
 
 TRAINING = TrainingSetup(global_batch_size=8, seq_len=64, precision="fp32")
@@ -81,3 +81,8 @@ def test_device_check(gpt_profile):
 def test_adapter_imports_without_torch():
     code = "import sys; sys.modules['torch'] = None\nimport autoplan.profiler.adapter"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_allowed_tp_sizes(llama_profile, mixer_profile):
+    assert allowed_tp_sizes(llama_profile) == (1, 2, 4)  # 4 KV heads: profiled 1, 2, 4 and all shard
+    assert allowed_tp_sizes(mixer_profile) == (1, 2)
