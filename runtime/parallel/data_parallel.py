@@ -74,6 +74,26 @@ class Zero1AdamW(torch.optim.AdamW):
                 p.grad.zero_()
 
     @torch.no_grad()
+    def sharded_state(self) -> dict[str, torch.Tensor]:
+        """This rank's AdamW state as plain tensors under rank-unique names, for DCP to save or fill in place.
+
+        Why not get_state_dict: DCP keeps one copy of non-tensor entries (param_groups) from one rank, but
+        here every rank's optimizer holds different parameters, so the groups would come back wrong.
+        Missing state (before the first step) is created as zeros so that a load has somewhere to write.
+        """
+        me = dist.get_rank()
+        out = {}
+        for i, p in enumerate(self.all_params):
+            if self.owner[id(p)] != dist.get_rank(self.dp_group):
+                continue
+            st = self.state[p]
+            if not st:
+                st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            for name, t in st.items():
+                out[f"rank{me}.param{i}.{name}"] = local(t)
+        return out
+
+    @torch.no_grad()
     def step(self, closure=None):
         loss = super().step(closure)
         for p in self.all_params:

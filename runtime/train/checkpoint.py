@@ -1,5 +1,8 @@
 """Checkpoints with torch.distributed.checkpoint (DCP): model + optimizer (+ step = data position) + RNG.
 
+Model and optimizer go through get_state_dict/set_state_dict (so a checkpoint can be loaded into another
+layout), except ZeRO-1 optimizer shards, which are saved per rank and load only into the same layout.
+
 Layout: ``DIR/step_N/`` holds DCP's files, ``rng_rank{r}.pt`` per rank and ``COMPLETE``. A save writes
 into ``DIR/step_N.tmp/``; after every rank has finished (barrier) rank 0 writes COMPLETE and renames the
 folder to ``step_N``, so a crash mid-save leaves only a ``.tmp`` folder that resume ignores.
@@ -15,11 +18,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
+)
 
 
 def _state(model: nn.Module, optimizer) -> dict:
     # the FQNs are the full model's (blocks keep their global index) for a single stage per rank
+    if hasattr(optimizer, "sharded_state"):  # ZeRO-1: per-rank optimizer shards (see Zero1AdamW)
+        return {"model": get_model_state_dict(model), "zero1": optimizer.sharded_state()}
     msd, osd = get_state_dict(model, optimizer, options=StateDictOptions())
     return {"model": msd, "optim": osd}
 
@@ -55,7 +62,10 @@ def load(path: Path, model: nn.Module, optimizer) -> int:
     """Restore in place; returns the number of optimizer steps already taken."""
     state = _state(model, optimizer)  # also creates empty Adam state for DCP to fill (runtime-notes §7)
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if "zero1" in state:  # DCP loaded the optimizer shards in place
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     extra = torch.load(path / f"rng_rank{dist.get_rank()}.pt", weights_only=False)
     torch.set_rng_state(extra["rng"]["torch"])
     if extra["rng"]["cuda"] is not None:

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from autoplan.schema import TrainingSetup
 
@@ -42,8 +42,6 @@ def _local_sum_squares(grad: torch.Tensor, stage_ranks: int) -> torch.Tensor:
         return grad.detach().float().square().sum() / stage_ranks
     copies = stage_ranks // grad.device_mesh.size()
     for axis, placement in enumerate(grad.placements):
-        if placement.is_partial():  # never for grads we see; refuse rather than count wrongly
-            raise RuntimeError(f"clip_grad_norm: partial gradient placement {grad.placements}")
         if placement.is_replicate():
             copies *= grad.device_mesh.size(axis)
     return grad._local_tensor.detach().float().square().sum() / copies
@@ -61,6 +59,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stage_ranks: int
     stage, whose twin is the first stage's embedding, as Megatron does).
     """
     device = params[0].device if params else torch.device("cpu")
+    for p in params:
+        # norms under sequence parallel get Partial(sum) grads (a sum still to be taken over tp); reduce
+        # them now, in parameter order (the same on every rank of the mesh), for the norm and the step
+        if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements):
+            p.grad = p.grad.redistribute(placements=[Replicate() if pl.is_partial() else pl for pl in p.grad.placements])
     sq = torch.zeros((), device=device, dtype=torch.float32)
     for p in params:
         if p.grad is not None and id(p) not in excluded:

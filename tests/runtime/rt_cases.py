@@ -41,3 +41,8 @@ CASES: dict[int, dict[str, dict]] = {
 }
 
 STEPS = 5
+
+# checkpoint/resume: (world, case) -> layout; 20 steps straight vs 10 steps + save + fresh trainer + resume
+RESUME = {4: {"resume_pp2_dp2_zero1": dict(pp=2, dp=2, schedule="1f1b", zero=1, num_microbatches=2),
+              "resume_tp2_dp2_zero3": dict(tp=2, dp=2, zero=3)}}
+RESUME_STEPS, RESUME_AT = 20, 10

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.schema import Plan, Stage, TrainingSetup, check_fits, load_cluster, load_model
+from autoplan.schema import ModelSpec, Plan, Stage, TrainingSetup, check_fits, load_cluster, load_model
 
 
 def even_sizes(num_layers: int, num_stages: int) -> list[int]:
@@ -12,13 +12,13 @@ def even_sizes(num_layers: int, num_stages: int) -> list[int]:
     return [base + (i < extra) for i in range(num_stages)]
 
 
-def make_plan(model: str = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *, schedule: str = "1f1b",
+def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *, schedule: str = "1f1b",
               virtual_stages: int = 1, stage_sizes: list[int] | None = None, full: tuple[int, ...] = (),
               selective: tuple[int, ...] = (), zero: int = 0, sp: bool = False, offload: bool = False,
               micro_batch_size: int = 2, num_microbatches: int | None = None, seq_len: int = 32,
               seed: int = 0, **training) -> Plan:
     """A validated Plan for cpu-local with tp*pp*dp devices, fp32 (exact comparisons need fp32)."""
-    spec = load_model(model)
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
     if pp == 1 and schedule == "1f1b":
         schedule = "gpipe"  # one stage: the schedule is irrelevant; gpipe has no micro-batch floor
     n_mb = num_microbatches if num_microbatches is not None else max(2, pp)

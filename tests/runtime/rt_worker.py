@@ -14,11 +14,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rt_cases import CASES, STEPS
+from rt_cases import CASES, RESUME, RESUME_AT, RESUME_STEPS, STEPS
 from rt_helpers import make_plan
 from runtime.mesh import build_mesh
 from runtime.train.data import TokenSource
-from runtime.trainer import Trainer
+from runtime.trainer import RunOptions, Trainer, run
 
 
 def record_order(trainer: Trainer, log: list[tuple[int, str]]) -> None:
@@ -67,6 +67,26 @@ def run_case(kw: dict) -> dict:
     return {"losses": losses, "grad_norms": norms, "orders": orders}
 
 
+def fresh_trainer(kw: dict) -> Trainer:
+    plan = make_plan(**kw)
+    pm = build_mesh(plan.pp, plan.dp, plan.tp, torch.device("cpu"), plan.model.tie_embeddings and plan.num_stages > 1)
+    return Trainer(plan, pm, TokenSource(plan.model.vocab_size, plan.training.seq_len, plan.training.seed))
+
+
+def resume_case(kw: dict, ckpt_dir: str) -> dict:
+    """Losses of 20 straight steps, and of steps 11-20 after a save at step 10 and a resume into a fresh
+    trainer whose weights are first scrambled (so only the checkpoint can make it match)."""
+    quiet = dict(log_every=0)
+    straight = run(fresh_trainer(kw), RunOptions(RESUME_STEPS, **quiet))
+    run(fresh_trainer(kw), RunOptions(RESUME_AT, checkpoint_dir=ckpt_dir, checkpoint_every=RESUME_AT, **quiet))
+    resumed_trainer = fresh_trainer(kw)
+    with torch.no_grad():
+        for p in resumed_trainer.parts.parameters():
+            p.mul_(0.5)
+    resumed = run(resumed_trainer, RunOptions(RESUME_STEPS, checkpoint_dir=ckpt_dir, resume=True, **quiet))
+    return {"straight": straight, "resumed": resumed}
+
+
 def main() -> None:
     world, out_path = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo")
@@ -75,6 +95,8 @@ def main() -> None:
         results[name] = run_case(kw)
         if dist.get_rank() == 0:
             print(name, results[name]["losses"], flush=True)
+    for name, kw in RESUME.get(world, {}).items():
+        results[name] = resume_case(kw, f"{out_path}.{name}.ckpt")
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
