@@ -73,13 +73,23 @@ def _from_hf_config(arg: str, seq_len: int | None) -> LoadedModel:
         raise SpecError(f"{arg}: profiling a Hugging Face config needs transformers; "
                         "install it with: pip install 'autoplan[hf]'") from None
     try:
-        config = AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
-    except (ValueError, OSError, json.JSONDecodeError) as err:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{arg}: not valid JSON (line {err.lineno})") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise SpecError(f"{arg}: not a Hugging Face config (no model_type key)")
+    try:
+        config = AutoConfig.for_model(data.pop("model_type"), **data)
+    except ValueError as err:
         raise SpecError(f"{arg}: not a Hugging Face config ({str(err).splitlines()[0]})") from None
     config.use_cache = False
     s = seq_len or min(getattr(config, "max_position_embeddings", 2048), 2048)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except ValueError as err:
+        raise SpecError(f"{arg}: {config.model_type} is not a decoder-only causal LM transformers can build "
+                        f"({str(err).splitlines()[0][:120]})") from None
     name = path.parent.name if path.name == "config.json" else path.stem
     return LoadedModel(name, arg, model, _hf_batch(s), s)
 

@@ -4,8 +4,8 @@ Megatron's rule, stated on the graph: a linear ``R`` can be split row-wise (inpu
 every path that brings data into ``R``'s input starts at the output of a linear ``C`` of the same layer and
 passes only through ops that act on each feature independently (element-wise ops, views and copies,
 dropout) or on each head independently (the attention core: batched matmuls of two activations, softmax,
-masks). Those ``C`` then split column-wise (output features sharded), each rank computes its shard of
-``R``'s input locally, and one all-reduce after ``R`` completes the layer. A norm, a reduction over the
+masks, and norms over the last axis of a [.., heads, head_dim] tensor). Those ``C`` then split
+column-wise (output features sharded), each rank computes its shard of ``R``'s input locally, and one all-reduce after ``R`` completes the layer. A norm, a reduction over the
 hidden axis, or the layer's own hidden input on such a path breaks the pattern. Tensors that do not
 depend on the layer's hidden input (RoPE tables, masks) are replicated on every rank and do not matter.
 
@@ -41,7 +41,7 @@ def _op_base(name: str) -> str:
 
 
 def _allowed(op: OpRecord) -> bool:
-    return op.pointwise or _op_base(op.name) in PER_SHARD_OPS
+    return op.pointwise or op.per_head_reduction or _op_base(op.name) in PER_SHARD_OPS
 
 
 def segment_graph(ops: list[OpRecord], segment: str) -> nx.DiGraph:

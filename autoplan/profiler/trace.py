@@ -40,6 +40,9 @@ class OpRecord:
     outputs: list[int]
     pointwise: bool
     flops: int
+    per_head_reduction: bool = False
+    """A reduction over the last axis only of a tensor with a heads axis (ndim >= 4): a per-head norm
+    (Qwen3's q_norm/k_norm), which acts within one head and so within one TP shard."""
 
 
 @dataclass
@@ -125,7 +128,7 @@ class _Recorder(TorchDispatchMode):
         self.state.last_op = name
         self.trace.ops.append(OpRecord(name, self.state.segment, self.state.module_stack[-1],
                                        [id(t) for t in flat_in], [id(t) for t in flat_out],
-                                       torch.Tag.pointwise in func.tags, flops))
+                                       torch.Tag.pointwise in func.tags, flops, _per_head_reduction(func, args)))
         self.trace.keepalive.extend(flat_out)
         return out
 
@@ -140,6 +143,23 @@ class _Recorder(TorchDispatchMode):
                 self.claimed[key] = (self.state.segment, owner[1])
             elif key in self.claimed and self.claimed[key][0] != self.state.segment:
                 self.trace.shared_params += self.claimed.pop(key)[1]
+
+
+_LAST_AXIS_REDUCTIONS = {"mean", "sum", "var", "var_mean", "amax", "norm", "linalg_vector_norm"}
+_NORMS = {"native_layer_norm", "_fused_rms_norm", "rms_norm"}
+
+
+def _per_head_reduction(func, args: tuple) -> bool:
+    base = func._overloadpacket.__name__
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].dim() < 4:
+        return False
+    if base in _NORMS:
+        return len(args) > 1 and len(args[1]) == 1  # normalized_shape: the last axis only
+    if base in _LAST_AXIS_REDUCTIONS:
+        dims = args[1] if len(args) > 1 else None
+        dims = [dims] if isinstance(dims, int) else dims
+        return bool(dims) and all(d in (-1, args[0].dim() - 1) for d in dims)
+    return False
 
 
 def _meta_item(t: torch.Tensor) -> bool | int:

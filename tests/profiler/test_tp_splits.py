@@ -87,3 +87,26 @@ def test_no_split_through_a_norm_or_a_replicated_input():
         profile = profile_model(f"tests.profiler.test_tp_splits:{factory}", options)
         assert all(block.tp_splits == () for block in profile.blocks), factory
         assert all(block.measurements[0].tp_shards == () for block in profile.blocks)
+
+
+class PerHeadNorm(nn.Module):
+    """q -> per-head RMSNorm over head_dim (Qwen3's q_norm) -> o: the norm stays inside a head, so it splits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.norm, self.o = nn.Linear(16, 16), nn.RMSNorm(4), nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.norm(self.q(x).view(b, t, -1, 4))  # [B, T, heads, head_dim]
+        return x + self.o(q.reshape(b, t, -1))
+
+
+def build_per_head_norm():
+    return Stack(PerHeadNorm), torch.randn(2, 8, 16)
+
+
+def test_split_through_a_per_head_norm():
+    options = ProfileOptions(micro_batch_sizes=(1,), tp_sizes=(1, 2), progress=False)
+    profile = profile_model("tests.profiler.test_tp_splits:build_per_head_norm", options)
+    assert all(block.tp_splits == (TpSplit(("q",), "o"),) for block in profile.blocks)
