@@ -134,8 +134,8 @@ def _meta_shards(kind: _Kind, b: int, tp_sizes: tuple[int, ...]) -> list[TpShard
         args, kwargs = real_inputs(*kind.inputs[b], META)
         try:
             trace = _trace_block(shard, args, kwargs)
-        except RuntimeError:
-            continue  # the block's code does not run at this shard shape (hard-coded head count)
+        except (RuntimeError, ValueError, IndexError):
+            continue  # the block's code does not run at this shard shape (a hard-coded head count or split size)
         result.append(TpShard(tp=tp, params=trace.params["block"] + trace.params[HEAD],
                               fwd_flops=trace.flops("block"), saved_activation_bytes=trace.saved_bytes("block")))
     return result
