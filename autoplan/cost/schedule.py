@@ -13,6 +13,7 @@ backward of micro-batch 3 on stage 1.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,8 +35,12 @@ class Action:
 RankOrders = dict[int, list[Action]]
 
 
+@functools.lru_cache(maxsize=4096)
 def build_schedule(schedule: str, pp: int, virtual_stages: int, num_microbatches: int) -> RankOrders:
-    """Per-rank compute order for ``schedule`` on ``pp`` ranks; stage ``s`` lives on rank ``s % pp``."""
+    """Per-rank compute order for ``schedule`` on ``pp`` ranks; stage ``s`` lives on rank ``s % pp``.
+
+    Cached: the search asks for the same few schedules thousands of times. Treat the result as read-only.
+    """
     if schedule == "gpipe":
         return {r: gpipe_order(r, num_microbatches) for r in range(pp)}
     if schedule == "1f1b":

@@ -122,7 +122,7 @@ class Layout:
 
 def check_fits(layout: Layout, model: ModelSpec, training: TrainingSetup, num_devices: int | None) -> None:
     """The checks that need the model and the world as well as the layout."""
-    layout.validate()
+    Layout.validate(layout)  # not a subclass override: Plan.validate calls this function
     heads, kv = model.num_attention_heads, model.num_kv_heads
     require(heads % layout.tp == 0, "tp", f"tp={layout.tp} does not divide num_attention_heads={heads}; "
             f"use a tp that divides {heads}")

@@ -1,0 +1,74 @@
+"""Command-line pieces shared by ``plan`` and ``estimate``: the inputs (model, cluster, training) and pins."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from autoplan.cost.estimate import WorkloadFn
+from autoplan.cost.workload import analytic_workload
+from autoplan.errors import SpecError
+from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
+
+
+def add_input_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="shipped model name (e.g. llama3-8b) or path to a model spec YAML")
+    p.add_argument("--cluster", required=True, help="shipped cluster name (e.g. dgx-h100-80gb) or path")
+    p.add_argument("--nodes", type=int, help="override the cluster's num_nodes")
+    p.add_argument("--devices-per-node", type=int, help="override the cluster's devices_per_node")
+    p.add_argument("--global-batch-size", type=int, required=True, help="sequences per optimizer step")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's seq_len)")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"],
+                   help="default: bf16 mixed precision on GPUs, fp32 on CPU")
+    p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    p.add_argument("--memory-margin", type=float, default=0.1, help="share of device memory kept free (0.1)")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="plan for attention that stores the s x s scores (Megatron-LM 2021/2022)")
+    p.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
+                   help="data-parallel gradient reduction after the backward instead of overlapped with it")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def add_layout_arguments(p: argparse.ArgumentParser, required: bool) -> None:
+    """The layout options: pins for ``plan``, the configuration itself for ``estimate``."""
+    p.add_argument("--tp", type=int, required=required)
+    p.add_argument("--pp", type=int, required=required)
+    p.add_argument("--dp", type=int)
+    p.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], required=required)
+    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], required=required)
+    p.add_argument("--virtual-stages", type=int)
+    p.add_argument("--micro-batch-size", type=int, required=required)
+    p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--recompute", choices=["none", "selective", "full"],
+                   help="recomputation of every layer" + ("" if required else " (default: searched per stage)"))
+    p.add_argument("--offload", dest="offload_optimizer", action=argparse.BooleanOptionalAction, default=None,
+                   help="optimizer state and step on the host CPU")
+
+
+def positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise SpecError(f"--{name}: must be at least 1, got {value}")
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, TrainingSetup]:
+    for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", "tp", "pp", "dp", "virtual_stages",
+                 "micro_batch_size"):
+        positive(name.replace("_", "-"), getattr(args, name, None))
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster)
+    overrides = {k: v for k, v in (("num_nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
+    cluster = dataclasses.replace(cluster, **overrides)
+    precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
+    if not 0 <= args.memory_margin < 1:
+        raise SpecError(f"--memory-margin: must be in [0, 1), got {args.memory_margin}")
+    training = TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or model.seq_len,
+                             precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
+                             flash_attention=args.flash_attention, overlap_grad_reduce=args.overlap_grad_reduce)
+    return model, cluster, training
+
+
+def workload_fn(model: ModelSpec, cluster: Cluster, training: TrainingSetup) -> WorkloadFn:
+    def fn(micro_batch_size: int, tp: int, sp: bool):
+        return analytic_workload(model, cluster, training, micro_batch_size, tp, sp)
+
+    return fn

@@ -1,0 +1,68 @@
+"""``autoplan estimate``: the cost model's verdict on one given configuration, with its breakdown."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, workload_fn
+from autoplan.cost.estimate import estimate_layout, stages_from_shapes
+from autoplan.cost.evaluate import StageShape
+from autoplan.errors import SpecError
+from autoplan.report.tables import breakdown_table, layout_label, recompute_label
+from autoplan.schema import Layout, Plan, SolverInfo, check_fits, dump_plan, plan_to_dict
+from autoplan.schema._io import write_atomic
+from autoplan.search.space import stage_splits
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("estimate", help="predict step time, MFU and memory of one given configuration")
+    add_input_arguments(p)
+    add_layout_arguments(p, required=True)
+    p.add_argument("-o", "--output", help="also write this configuration as a plan file")
+    p.set_defaults(func=run)
+
+
+def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, global_batch: int) -> Layout:
+    dp = args.dp or num_devices // (args.tp * args.pp)
+    v = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
+    if global_batch % (dp * args.micro_batch_size):
+        raise SpecError(f"--micro-batch-size: global batch {global_batch} is not divisible by dp x micro-batch "
+                        f"= {dp} x {args.micro_batch_size}")
+    stages = pp_v = args.pp * v
+    if stages > num_layers:
+        raise SpecError(f"--pp: pp x virtual stages = {pp_v} exceeds the {num_layers} layers")
+    split = stage_splits(num_layers, stages, 0)[0]
+    mode = args.recompute or "none"
+    shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)
+    return Layout(tp=args.tp, pp=args.pp, dp=dp, sequence_parallel=bool(args.sequence_parallel),
+                  zero_stage=args.zero_stage, offload_optimizer=bool(args.offload_optimizer), schedule=args.schedule,
+                  virtual_stages=v, micro_batch_size=args.micro_batch_size,
+                  num_microbatches=global_batch // (dp * args.micro_batch_size),
+                  stages=stages_from_shapes(shapes, args.pp))
+
+
+def run(args: argparse.Namespace) -> int:
+    model, cluster, training = load_inputs(args)
+    layout = even_layout(args, model.num_layers, cluster.num_devices, training.global_batch_size)
+    check_fits(layout, model, training, cluster.num_devices)
+    predicted, evaluation, _ = estimate_layout(workload_fn(model, cluster, training), cluster, training, layout)
+    fits = predicted.peak_memory_gib <= predicted.capacity_gib
+    plan = Plan(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}, model=model,
+                cluster=cluster, training=training, predicted=predicted,
+                solver=SolverInfo(name="given", status="FITS" if fits else "DOES_NOT_FIT",
+                                  objective=predicted.step_time_s, wall_s=0.0))
+    if args.output:
+        write_atomic(args.output, dump_plan(plan))
+    if args.json:
+        data = {k: v for k, v in plan_to_dict(plan).items() if k not in ("model", "cluster", "training")}
+        data["model"], data["cluster"], data["fits"] = model.name, cluster.name, fits
+        print(json.dumps(data))
+        return 0
+    print(f"{model.name} on {cluster.name} ({cluster.num_devices} x {cluster.device.name}): {layout_label(layout)}, "
+          f"recompute {recompute_label(layout)}")
+    print(("fits" if fits else "DOES NOT FIT") + f": peak {predicted.peak_memory_gib:.1f} GiB of "
+          f"{predicted.capacity_gib:.1f} GiB\n")
+    print(breakdown_table(predicted))
+    return 0

@@ -1,0 +1,83 @@
+"""Activation bytes a transformer block keeps for its backward pass (Korthikanti et al. 2022, section 4).
+
+Counted per tensor that autograd saves, so that each term can be checked against what PyTorch keeps:
+
+    replicated across TP unless sequence parallel:
+        two norm inputs                      2 e sbh
+        QKV input (norm output)              e sbh
+        MLP input (norm output)              e sbh
+        two residual dropout masks           2 sbh      (1-byte masks, only if dropout > 0)
+    split across TP:
+        Q, K, V (K and V are kv-wide)        e sb(h + 2 kv)
+        output-projection input              e sbh
+        MLP, GELU: fc1 output, GELU output   2 e sbf
+        MLP, SwiGLU: gate, silu(gate), up, product   4 e sbf
+    attention core, split across TP (standard attention only; a flash kernel keeps only its
+    log-sum-exp, 4 a s b bytes, and reruns the rest):
+        softmax output                       e a s^2 b
+        attention dropout mask + output      (1 + e) a s^2 b   (only if dropout > 0)
+
+With e = 2, dropout, f = 4h and kv = h this is sbh(34 + 5as/h) unsplit and sbh(10 + 24/t + 5as/(ht))
+with TP (Korthikanti Eq. 1 and 2). Selective recomputation drops the attention core; full recomputation
+keeps only the block input (e sbh, split by t under sequence parallel, where that input is already
+sharded along the sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.schema import ModelSpec
+
+
+@dataclass(frozen=True)
+class SavedBytes:
+    """Bytes one block keeps for backward, per micro-batch, on one device."""
+
+    none: float
+    selective: float
+    full: float
+
+
+def elem_bytes(mixed_precision: bool) -> int:
+    return 2 if mixed_precision else 4
+
+
+def block_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, mixed_precision: bool,
+                      flash: bool) -> SavedBytes:
+    e = elem_bytes(mixed_precision)
+    h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_size, model.num_attention_heads
+    sbh = s * b * h
+    masks = 2 * sbh if model.dropout > 0 else 0
+    replicated = (4 * e * sbh + masks) / (tp if sp else 1)
+    mlp = (4 if model.architecture == "llama" else 2) * e * s * b * f
+    split = (e * s * b * (h + 2 * kv) + e * sbh + mlp) / tp
+    if flash:
+        core = 4.0 * a * s * b / tp
+    else:
+        core = (e + ((1 + e) if model.dropout > 0 else 0)) * a * s * s * b / tp
+    none = replicated + split + core
+    return SavedBytes(none=none, selective=none - (0.0 if flash else core), full=e * sbh / (tp if sp else 1))
+
+
+def embedding_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool) -> float:
+    """Token ids (int64) and, with dropout, the embedding dropout mask."""
+    mask = s * b * model.hidden_size / (tp if sp else 1) if model.dropout > 0 else 0
+    return 8.0 * b * s + mask
+
+
+def head_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, mixed_precision: bool) -> float:
+    """Final-norm input, projection input (gathered under SP) and the fp32 log-softmax output."""
+    e = elem_bytes(mixed_precision)
+    sbh = s * b * model.hidden_size
+    return e * sbh / (tp if sp else 1) + e * sbh + 4.0 * b * s * model.vocab_size / tp
+
+
+def logits_transient_bytes(model: ModelSpec, b: int, s: int, tp: int, mixed_precision: bool) -> float:
+    """Logits and their gradient alive at once while the loss is differentiated (one micro-batch)."""
+    return (4.0 + elem_bytes(mixed_precision)) * b * s * model.vocab_size / tp
+
+
+def stage_output_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, mixed_precision: bool) -> float:
+    """Hidden states a pipeline stage sends to the next (sharded along the sequence under SP)."""
+    return elem_bytes(mixed_precision) * s * b * model.hidden_size / (tp if sp else 1)

@@ -1,0 +1,73 @@
+"""Alpha-beta costs of collectives on the link each process group actually uses.
+
+Ring algorithms (what NCCL and gloo use for large messages): for a group of n and a message of S bytes,
+all-reduce moves 2(n-1)/n S per device and all-gather / reduce-scatter (n-1)/n S, where S is the full
+(unsharded) size. Link bandwidths in a cluster profile are *bus* bandwidths (nccl-tests busbw), which
+already fold those ring factors' efficiency in, so
+
+    t = hops * latency + factor * S / busbw,    factor = 2(n-1)/n or (n-1)/n,  hops = 2(n-1) or (n-1).
+
+Which link a group uses follows from the rank order ``tp + tp*(dp + dp*pp)`` (plan.py): consecutive
+ranks fill a node first. A group whose members span nodes with g members per node is limited by
+min(intra-node bandwidth, g x the per-device inter-node bandwidth): every member drives its own NIC
+(rail-optimised rings, one NIC per GPU as in DGX nodes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from autoplan.schema import Cluster
+
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter"]
+
+
+@dataclass(frozen=True)
+class GroupLink:
+    """The effective link of one process group: bus bandwidth (bytes/s) and per-hop latency (s)."""
+
+    size: int
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
+    """Link of a group of ``size`` ranks spaced ``stride`` apart (tp: stride 1; dp: stride tp)."""
+    per_node = cluster.devices_per_node
+    intra = cluster.intra_node
+    if size <= 1 or size * stride <= per_node:
+        return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6)
+    members_per_node = max(1, per_node // stride)
+    inter_bw = min(intra.bandwidth_gb_per_s, members_per_node * cluster.inter_node.bandwidth_gb_per_s)
+    return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6)
+
+
+def collective_time_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:
+    if size_bytes <= 0:
+        return 0.0
+    return collective_latency_s(kind, link) + collective_bandwidth_s(kind, size_bytes, link)
+
+
+def collective_latency_s(kind: Collective, link: GroupLink) -> float:
+    """The alpha term: 2(n-1) hops for an all-reduce, n-1 for all-gather and reduce-scatter."""
+    n = link.size
+    if n <= 1:
+        return 0.0
+    return (2 * (n - 1) if kind == "all_reduce" else n - 1) * link.latency_s
+
+
+def collective_bandwidth_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:
+    """The beta term: 2(n-1)/n of the full size for an all-reduce, (n-1)/n for the others."""
+    n = link.size
+    if n <= 1:
+        return 0.0
+    factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
+    return factor * size_bytes / link.bandwidth_bytes_per_s
+
+
+def p2p_time_s(cluster: Cluster, size_bytes: float, src_rank: int, dst_rank: int) -> float:
+    """One send/recv between two global ranks: latency + bytes / bandwidth of the link between them."""
+    same_node = src_rank // cluster.devices_per_node == dst_rank // cluster.devices_per_node
+    link = cluster.intra_node if same_node else cluster.inter_node
+    return link.latency_us * 1e-6 + size_bytes / (link.bandwidth_gb_per_s * 1e9)

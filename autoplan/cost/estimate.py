@@ -1,0 +1,142 @@
+"""From a configuration and its stage layout to the numbers a user reads: step time, throughput, MFU/HFU,
+memory per pipeline rank, and where the time and the memory go."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, path_of
+from autoplan.cost.model_states import state_bytes_per_param
+from autoplan.cost.stage_table import Config, StageTable, build_table
+from autoplan.cost.workload import Workload
+from autoplan.schema import (
+    Cluster, Layout, MemoryBreakdown, Predicted, Stage, TimeBreakdown, TrainingSetup,
+)
+
+GIB = 2**30
+WorkloadFn = Callable[[int, int, bool], Workload]
+"""(micro_batch_size, tp, sequence_parallel) -> per-layer costs; analytic or from a profile."""
+
+
+def config_of(layout: Layout) -> Config:
+    return Config(layout.tp, layout.pp, layout.dp, layout.sequence_parallel, layout.zero_stage,
+                  layout.offload_optimizer, layout.schedule, layout.virtual_stages, layout.micro_batch_size,
+                  layout.num_microbatches)
+
+
+def shapes_of(layout: Layout) -> tuple[StageShape, ...]:
+    return tuple(StageShape(s.num_layers, len(s.selective_recompute), len(s.full_recompute)) for s in layout.stages)
+
+
+def stages_from_shapes(shapes: tuple[StageShape, ...], pp: int) -> tuple[Stage, ...]:
+    """Concrete layer ranges; within a stage the first layers recompute fully, the next selectively."""
+    stages, first = [], 0
+    for i, shape in enumerate(shapes):
+        full = tuple(range(first, first + shape.full))
+        selective = tuple(range(first + shape.full, first + shape.full + shape.selective))
+        stages.append(Stage(index=i, rank=i % pp, layers=(first, first + shape.layers), full_recompute=full,
+                            selective_recompute=selective))
+        first += shape.layers
+    return tuple(stages)
+
+
+def layout_of(config: Config, shapes: tuple[StageShape, ...]) -> Layout:
+    c = config
+    return Layout(tp=c.tp, pp=c.pp, dp=c.dp, sequence_parallel=c.sequence_parallel, zero_stage=c.zero_stage,
+                  offload_optimizer=c.offload_optimizer, schedule=c.schedule, virtual_stages=c.virtual_stages,
+                  micro_batch_size=c.micro_batch_size, num_microbatches=c.num_microbatches,
+                  stages=stages_from_shapes(shapes, c.pp))
+
+
+def estimate_layout(workload_fn: WorkloadFn, cluster: Cluster, training: TrainingSetup,
+                    layout: Layout) -> tuple[Predicted, Evaluation, StageTable]:
+    config = config_of(layout)
+    workload = workload_fn(layout.micro_batch_size, layout.tp, layout.sequence_parallel)
+    table = build_table(workload, cluster, training, config)
+    shapes = shapes_of(layout)
+    evaluation = evaluate(table, shapes)
+    return predict(workload, cluster, training, table, shapes, evaluation), evaluation, table
+
+
+def predict(workload: Workload, cluster: Cluster, training: TrainingSetup, table: StageTable,
+            shapes: tuple[StageShape, ...], evaluation: Evaluation) -> Predicted:
+    c = table.config
+    step_s = evaluation.step_ns * 1e-9
+    n_devices = c.tp * c.pp * c.dp
+    microbatches_total = training.global_batch_size // c.micro_batch_size
+    w = workload
+    model_flops = 3 * (w.num_layers * w.block.fwd_flops + w.head.fwd_flops) * c.tp * microbatches_total
+    sel = sum(s.selective for s in shapes)
+    full = sum(s.full for s in shapes)
+    recompute_flops = (sel * w.block.selective_extra_flops + full * w.block.fwd_flops) * c.tp * microbatches_total
+    peak = cluster.device.peak_tflops(training.precision) * 1e12
+    per_gpu = model_flops / step_s / n_devices
+    per_gpu_hw = (model_flops + recompute_flops) / step_s / n_devices
+    memory_gib = tuple(evaluation.memory[r].total_bytes / GIB for r in sorted(evaluation.memory))
+    peak_rank = max(range(c.pp), key=lambda r: memory_gib[r])
+    return Predicted(
+        step_time_s=step_s,
+        tokens_per_s=training.global_batch_size * training.seq_len / step_s,
+        tflops_per_gpu=per_gpu / 1e12, mfu=per_gpu / peak,
+        hardware_tflops_per_gpu=per_gpu_hw / 1e12, hfu=per_gpu_hw / peak,
+        peak_memory_gib=max(memory_gib), memory_gib_per_stage=memory_gib,
+        capacity_gib=table.capacity_bytes / GIB,
+        time=time_breakdown(workload, table, shapes, evaluation),
+        memory=memory_breakdown(workload, training, table, shapes, evaluation, peak_rank),
+    )
+
+
+def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], ev: Evaluation) -> TimeBreakdown:
+    """Where the critical rank's step goes; ``bubble_s`` is what its busy time and transfers leave idle."""
+    r, m = ev.critical_rank, t.config.num_microbatches
+    compute = recompute = tp_comm = 0.0
+    for s in t.stages_of(r):
+        n, sh = shapes[s].layers, shapes[s]
+        layers = [(w.block, n)] + ([(w.embedding, 1)] if s == 0 else []) + ([(w.head, 1)] if s == t.num_stages - 1 else [])
+        for cost, count in layers:
+            compute += m * count * (cost.fwd_s + cost.bwd_s)
+            tp_comm += m * count * (cost.tp_fwd_s + cost.tp_bwd_s)
+        recompute += m * (sh.selective * w.block.selective_extra_s + sh.full * w.block.fwd_s)
+        tp_comm += m * sh.full * w.block.tp_fwd_s
+    busy = ev.timeline.busy(r) * 1e-9
+    zero3 = max(0.0, busy - compute - recompute - tp_comm)
+    path = _transfers_on_path(t, ev)
+    end_s = ev.rank_end_ns[r] * 1e-9
+    pp_comm = min(path, max(0.0, end_s - busy))
+    step_s = ev.step_ns * 1e-9
+    optimizer = _optimizer_s(t, shapes, r)
+    dp_comm = ev.rank_tail_ns[r] * 1e-9 - optimizer  # exposed gradient reduction + ZeRO-1/2 weight all-gather
+    bubble = step_s - (compute + recompute + tp_comm + zero3 + pp_comm + dp_comm + optimizer)
+    return TimeBreakdown(compute_s=compute, recompute_s=recompute, tp_comm_s=tp_comm, pp_comm_s=pp_comm,
+                         zero3_gather_s=zero3, bubble_s=max(0.0, bubble), dp_comm_s=dp_comm, optimizer_s=optimizer)
+
+
+def _transfers_on_path(t: StageTable, ev: Evaluation) -> float:
+    path = path_of(t, ev)
+    return sum(c * t.p2p_ns[e] for e, c in path.transfers.items()) * 1e-9
+
+
+def _optimizer_s(t: StageTable, shapes: tuple[StageShape, ...], rank: int) -> float:
+    stages = t.stages_of(rank)
+    ns = sum(shapes[s].layers for s in stages) * t.optim_block_ns
+    ns += (t.optim_embedding_ns if 0 in stages else 0) + (t.optim_head_ns if t.num_stages - 1 in stages else 0)
+    return ns * 1e-9
+
+
+def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes: tuple[StageShape, ...],
+                     ev: Evaluation, rank: int) -> MemoryBreakdown:
+    c = t.config
+    stages = t.stages_of(rank)
+    params = sum(shapes[s].layers for s in stages) * w.block.params
+    if 0 in stages:
+        params += w.embedding.params
+    if t.num_stages - 1 in stages:
+        params += w.head.params + (w.tied_copy_params if c.pp > 1 else 0.0)
+    per_param = state_bytes_per_param(training, c.zero_stage, c.dp, c.offload_optimizer)
+    mem = ev.memory[rank]
+    return MemoryBreakdown(
+        weights_gib=params * per_param.weights / GIB, gradients_gib=params * per_param.gradients / GIB,
+        optimizer_gib=params * per_param.optimizer / GIB, activations_gib=mem.activations_bytes / GIB,
+        buffers_gib=mem.fixed_bytes / GIB, reserve_gib=mem.reserve_bytes / GIB, total_gib=mem.total_bytes / GIB,
+    )
+

@@ -1,0 +1,107 @@
+"""The cost model's verdict on one fully specified layout: simulate the schedule, add the end of step,
+and sum memory per rank. Every search result is re-evaluated here, so what the planner reports is what
+this module computes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.simulate import Timeline, critical_path, inflight_peaks, simulate
+from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
+from autoplan.cost.stage_terms import (
+    Var, rank_fixed_dynamic, rank_gather_and_step, rank_states, rank_sync, stage_activations, stage_bwd,
+    stage_fwd,
+)
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """Layers in a stage and how many of them recompute (the first ``full``, then ``selective``)."""
+
+    layers: int
+    selective: int = 0
+    full: int = 0
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    states_bytes: int
+    activations_bytes: int
+    """At the rank's peak: saved activations of the micro-batches in flight, plus recompute working memory."""
+    fixed_bytes: int
+    reserve_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.states_bytes + self.activations_bytes + self.fixed_bytes + self.reserve_bytes
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    step_ns: int
+    critical_rank: int
+    timeline: Timeline
+    rank_end_ns: dict[int, int]
+    rank_sync_exposed_ns: dict[int, int]
+    rank_tail_ns: dict[int, int]
+    memory: dict[int, RankMemory]
+    fits: bool
+
+
+def shape_values(shapes: tuple[StageShape, ...]) -> dict[Var, int]:
+    values: dict[Var, int] = {}
+    for s, shape in enumerate(shapes):
+        values[("n", s)], values[("sel", s)], values[("full", s)] = shape.layers, shape.selective, shape.full
+    return values
+
+
+def recompute_transient(t: StageTable, shapes: tuple[StageShape, ...], rank: int) -> int:
+    """Backward of a recomputed block rebuilds its activations: one block's worth at a time."""
+    stages = t.stages_of(rank)
+    full = any(shapes[s].full for s in stages)
+    selective = any(shapes[s].selective for s in stages)
+    return (t.block_act_bytes - t.block_act_full_bytes if full else 0) + \
+        (t.block_act_bytes - t.block_act_selective_bytes if selective else 0)
+
+
+def rank_memory(t: StageTable, shapes: tuple[StageShape, ...], rank: int,
+                peaks: list[dict[int, int]]) -> RankMemory:
+    values = shape_values(shapes)
+    per_stage = {s: stage_activations(t, s).value(values) for s in t.stages_of(rank)}
+    acts = max((sum(c * per_stage[s] for s, c in vec.items()) for vec in peaks), default=0)
+    acts += recompute_transient(t, shapes, rank)
+    fixed = rank_fixed_dynamic(t, rank)
+    return RankMemory(rank_states(t, rank).value(values), acts, fixed, (acts + fixed) * RESERVE_PERMILLE / PERMILLE)
+
+
+def fits_in(t: StageTable, memory: RankMemory) -> bool:
+    dynamic = memory.activations_bytes + memory.fixed_bytes
+    return PERMILLE * memory.states_bytes + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * t.capacity_bytes
+
+
+def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:
+    if len(shapes) != t.num_stages or sum(s.layers for s in shapes) != t.num_layers:
+        raise ValueError("stage shapes do not match the table")
+    values = shape_values(shapes)
+    fwd = [stage_fwd(t, s).value(values) for s in range(t.num_stages)]
+    bwd = [stage_bwd(t, s).value(values) for s in range(t.num_stages)]
+    timeline = simulate(t.orders, [float(x) for x in fwd], [float(x) for x in bwd], [float(x) for x in t.p2p_ns])
+    peaks = inflight_peaks(t.orders)
+    ends, exposed, tails, memory = {}, {}, {}, {}
+    for rank in t.orders:
+        ends[rank] = int(timeline.rank_end[rank])
+        window = bwd[t.last_backward_stage(rank)] if t.overlap_grad_reduce else 0
+        exposed[rank] = max(0, rank_sync(t, rank).value(values) - window)
+        tails[rank] = exposed[rank] + rank_gather_and_step(t, rank).value(values)
+        memory[rank] = rank_memory(t, shapes, rank, peaks[rank])
+    critical = max(t.orders, key=lambda r: ends[r] + tails[r])
+    return Evaluation(
+        step_ns=ends[critical] + tails[critical], critical_rank=critical, timeline=timeline, rank_end_ns=ends,
+        rank_sync_exposed_ns=exposed, rank_tail_ns=tails, memory=memory,
+        fits=all(fits_in(t, m) for m in memory.values()),
+    )
+
+
+def path_of(t: StageTable, evaluation: Evaluation):
+    """The critical path to the rank that ends the step (for the CP-SAT cuts)."""
+    return critical_path(evaluation.timeline, evaluation.critical_rank)

@@ -1,0 +1,68 @@
+"""FLOPs of a transformer, counted the way Megatron-LM counts them.
+
+A multiply-add is 2 FLOPs. Attention scores and attention-over-V are counted in full (not halved for the
+causal mask), as in Narayanan et al. 2021 Eq. 3 and Korthikanti et al. 2022 Eq. 7, so that the MFU printed
+here is comparable with theirs. Backward = 2 x forward. Model FLOPs exclude recomputation; hardware FLOPs
+include it (Korthikanti Eq. 8: selective adds the attention core again, full adds the whole forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.schema import Layout, ModelSpec
+
+
+@dataclass(frozen=True)
+class BlockFlops:
+    """Forward FLOPs of one transformer block for b sequences of s tokens (whole block, before TP)."""
+
+    qkv: float
+    out_proj: float
+    mlp: float
+    attn_core: float
+    """QK^T scores and attention-over-V: 4 b s^2 h."""
+
+    @property
+    def matmuls(self) -> float:
+        return self.qkv + self.out_proj + self.mlp
+
+    @property
+    def total(self) -> float:
+        return self.matmuls + self.attn_core
+
+
+def block_fwd_flops(model: ModelSpec, b: int, s: int) -> BlockFlops:
+    """GPT with ffn = 4h gives 24 b s h^2 + 4 b s^2 h (Narayanan 2021, section 5.1)."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    tokens = b * s
+    return BlockFlops(
+        qkv=2 * tokens * h * (h + 2 * kv),
+        out_proj=2 * tokens * h * h,
+        mlp=2 * tokens * h * f * model.mlp_matrices,
+        attn_core=4 * b * s * s * h,
+    )
+
+
+def logits_fwd_flops(model: ModelSpec, b: int, s: int) -> float:
+    return 2.0 * b * s * model.hidden_size * model.vocab_size
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int, s: int) -> float:
+    """3 x forward (forward + 2 x backward) over the global batch: Korthikanti Eq. 7."""
+    block = block_fwd_flops(model, global_batch, s).total
+    return 3.0 * (model.num_layers * block + logits_fwd_flops(model, global_batch, s))
+
+
+def recompute_flops_per_step(model: ModelSpec, layout: Layout, global_batch: int, s: int) -> float:
+    """Extra forward FLOPs that recomputation executes (counted by HFU, not by MFU)."""
+    block = block_fwd_flops(model, global_batch, s)
+    full = sum(len(st.full_recompute) for st in layout.stages)
+    selective = sum(len(st.selective_recompute) for st in layout.stages)
+    return full * block.total + selective * block.attn_core
+
+
+def narayanan_flops_per_step(model: ModelSpec, global_batch: int, s: int) -> float:
+    """Narayanan et al. 2021 Eq. 3 (full recomputation counted), for comparing with their Table 1."""
+    l, h, v = model.num_layers, model.hidden_size, model.vocab_size
+    return 96.0 * global_batch * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))

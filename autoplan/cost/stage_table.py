@@ -1,0 +1,196 @@
+"""The cost table of one parallel configuration: integer per-layer times (ns) and bytes.
+
+Once tp, pp, dp, sequence parallel, ZeRO stage, offload, schedule, virtual stages and the micro-batch
+size are fixed (a ``Config``), every remaining choice (how many layers each stage holds and how many of
+them recompute, selectively or fully) changes step time and memory *linearly* through this table.
+The evaluator (evaluate.py), the CP-SAT search and the brute-force search all read the same integers, so
+their objectives agree exactly; 1 ns and 1 byte of rounding is far below the model's accuracy.
+
+Memory is compared as ``PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * capacity``
+so that the fragmentation reserve stays in integer arithmetic too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, collective_time_s, group_link, p2p_time_s
+from autoplan.cost.model_states import state_bytes_per_param
+from autoplan.cost.schedule import RankOrders, build_schedule
+from autoplan.cost.workload import LayerCost, Workload
+from autoplan.schema import Cluster, ScheduleKind, TrainingSetup
+
+PERMILLE = 1000
+# Allocator fragmentation reserve on activations and buffers: the caching allocator's measured gap between
+# reserved and allocated memory is 5-15% in torchtitan and MosaicML runs (formulas.md section 4); 5% here,
+# the rest is the user's --memory-margin.
+RESERVE_PERMILLE = 50
+# Adam's step reads the gradient and the fp32 master weight, momentum and variance, writes the last three
+# and the low-precision weight copy: 4 + 3 * (4 + 4) + 2 = 30 bytes per parameter (memory-bound).
+ADAM_STEP_BYTES = 30
+SGD_STEP_BYTES = 18
+
+
+@dataclass(frozen=True)
+class Config:
+    """A parallel configuration without its stage layout: what the outer search enumerates."""
+
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool
+    zero_stage: int
+    offload_optimizer: bool
+    schedule: ScheduleKind
+    virtual_stages: int
+    micro_batch_size: int
+    num_microbatches: int
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.virtual_stages
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    fwd_ns: int
+    bwd_ns: int
+
+
+@dataclass(frozen=True)
+class StageTable:
+    config: Config
+    num_layers: int
+    # per-block times; recomputation adds to the backward
+    block: LayerTimes
+    selective_extra_ns: int
+    full_extra_ns: int
+    embedding: LayerTimes
+    head: LayerTimes
+    p2p_ns: tuple[int, ...]
+    """Transfer time between stage s and s+1, per micro-batch and direction."""
+    # device bytes of weights + gradients + optimizer state
+    block_state_bytes: int
+    embedding_state_bytes: int
+    head_state_bytes: int
+    # activation bytes kept per micro-batch
+    block_act_bytes: int
+    block_act_selective_bytes: int
+    block_act_full_bytes: int
+    embedding_act_bytes: int
+    head_act_bytes: int
+    logits_transient_bytes: int
+    zero3_buffer_bytes: int
+    capacity_bytes: int
+    # end of step, per rank: gradient reduction, parameter all-gather (ZeRO-1/2), optimizer step
+    sync_block_ns: int
+    sync_embedding_ns: int
+    sync_head_ns: int
+    sync_latency_ns: int
+    gather_block_ns: int
+    gather_embedding_ns: int
+    gather_head_ns: int
+    gather_latency_ns: int
+    optim_block_ns: int
+    optim_embedding_ns: int
+    optim_head_ns: int
+    overlap_grad_reduce: bool
+
+    @property
+    def num_stages(self) -> int:
+        return self.config.num_stages
+
+    @cached_property
+    def orders(self) -> RankOrders:
+        """The schedule's action lists, built on first use (bounds need the table without them)."""
+        c = self.config
+        return build_schedule(c.schedule, c.pp, c.virtual_stages, c.num_microbatches)
+
+    def stages_of(self, rank: int) -> list[int]:
+        return list(range(rank, self.num_stages, self.config.pp))
+
+    def last_backward_stage(self, rank: int) -> int:
+        """The stage whose final backward ends the rank's list: the window DP reduction overlaps."""
+        return self.orders[rank][-1].stage
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, config: Config) -> StageTable:
+    c = config
+    states = state_bytes_per_param(training, c.zero_stage, c.dp, c.offload_optimizer)
+    dp_link = group_link(cluster, c.dp, c.tp)
+    weight_bytes = 2 if training.mixed_precision else 4
+
+    def gather_s(layer: LayerCost) -> float:  # ZeRO-3: all-gather one layer's weights over dp
+        return collective_time_s("all_gather", layer.params * weight_bytes, dp_link) if c.zero_stage == 3 else 0.0
+
+    def times(layer: LayerCost) -> LayerTimes:
+        # ZeRO-3 prefetches the next layer's weights during this layer's compute; only the excess shows
+        g = gather_s(layer)
+        fwd = layer.fwd_s + layer.tp_fwd_s + max(0.0, g - layer.fwd_s)
+        bwd = layer.bwd_s + layer.tp_bwd_s + max(0.0, g - layer.bwd_s)
+        return LayerTimes(_ns(fwd), _ns(bwd))
+
+    sync_kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
+
+    def sync_ns(params: float) -> int:  # bandwidth part only; latency is counted once per rank
+        return _ns(collective_bandwidth_s(sync_kind, params * weight_bytes, dp_link))
+
+    def gather_ns(params: float) -> int:
+        if c.zero_stage not in (1, 2):
+            return 0
+        return _ns(collective_bandwidth_s("all_gather", params * weight_bytes, dp_link))
+
+    def optim_ns(params: float) -> int:
+        shard = params / c.dp if c.zero_stage >= 1 else params
+        if c.offload_optimizer:  # host Adam, gradients down and weights up over PCIe
+            return _ns(shard / (cluster.device.host_adam_gparams_per_s * 1e9)
+                       + shard * 2 * weight_bytes / (cluster.device.host_link_gb_per_s * 1e9))
+        step_bytes = ADAM_STEP_BYTES if training.optimizer == "adamw" else SGD_STEP_BYTES
+        bw = cluster.device.memory_bandwidth_gb_per_s * 1e9 * cluster.device.memory_efficiency
+        return _ns(shard * step_bytes / bw)
+
+    def state(params: float) -> int:
+        return int(math.ceil(params * states.total))
+
+    head_params = workload.head.params + (workload.tied_copy_params if c.pp > 1 else 0.0)
+    rank_of_stage = [s % c.pp for s in range(c.num_stages)]
+    p2p = tuple(_ns(p2p_time_s(cluster, workload.output_bytes, _global_rank(c, rank_of_stage[s]),
+                               _global_rank(c, rank_of_stage[s + 1]))) for s in range(c.num_stages - 1))
+    block = workload.block
+    z3_buffer = 0
+    if c.zero_stage == 3:  # the layer being computed and the one prefetched, unsharded
+        z3_buffer = int(math.ceil(2 * max(block.params, workload.embedding.params, head_params) * weight_bytes))
+    capacity = cluster.device.memory_gib * (1 - training.memory_margin) * 2**30
+    return StageTable(
+        config=c, num_layers=workload.num_layers,
+        block=times(block), selective_extra_ns=_ns(block.selective_extra_s), full_extra_ns=_ns(block.full_extra_s),
+        embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p,
+        block_state_bytes=state(block.params), embedding_state_bytes=state(workload.embedding.params),
+        head_state_bytes=state(head_params),
+        block_act_bytes=int(math.ceil(block.saved_bytes)),
+        block_act_selective_bytes=int(math.ceil(block.selective_saved_bytes)),
+        block_act_full_bytes=int(math.ceil(block.full_saved_bytes)),
+        embedding_act_bytes=int(math.ceil(workload.embedding.saved_bytes)),
+        head_act_bytes=int(math.ceil(workload.head.saved_bytes)),
+        logits_transient_bytes=int(math.ceil(workload.logits_transient_bytes)),
+        zero3_buffer_bytes=z3_buffer, capacity_bytes=int(capacity),
+        sync_block_ns=sync_ns(block.params), sync_embedding_ns=sync_ns(workload.embedding.params),
+        sync_head_ns=sync_ns(head_params), sync_latency_ns=_ns(collective_latency_s(sync_kind, dp_link)),
+        gather_block_ns=gather_ns(block.params), gather_embedding_ns=gather_ns(workload.embedding.params),
+        gather_head_ns=gather_ns(head_params),
+        gather_latency_ns=_ns(collective_latency_s("all_gather", dp_link)) if c.zero_stage in (1, 2) else 0,
+        optim_block_ns=optim_ns(block.params), optim_embedding_ns=optim_ns(workload.embedding.params),
+        optim_head_ns=optim_ns(head_params),
+        overlap_grad_reduce=training.overlap_grad_reduce,
+    )
+
+
+def _global_rank(config: Config, pp_rank: int) -> int:
+    """Global rank of (tp_rank 0, dp_rank 0, pp_rank): tp + tp * (dp + dp * pp), see plan.py."""
+    return config.tp * config.dp * pp_rank

@@ -1,0 +1,85 @@
+"""Stage durations, rank memory and end-of-step work as linear expressions in the layout variables.
+
+Layout variables, per stage s: ``("n", s)`` layers, ``("sel", s)`` of them selectively recomputed,
+``("full", s)`` fully recomputed. The evaluator substitutes numbers; the CP-SAT search substitutes its
+integer variables. Both therefore use the very same expressions, term for term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.stage_table import StageTable
+
+Var = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """sum(coef * var) + const, integers throughout."""
+
+    coefs: dict[Var, int]
+    const: int = 0
+
+    def value(self, values: dict[Var, int]) -> int:
+        return self.const + sum(c * values[v] for v, c in self.coefs.items())
+
+    def __add__(self, other: "Linear") -> "Linear":
+        coefs = dict(self.coefs)
+        for v, c in other.coefs.items():
+            coefs[v] = coefs.get(v, 0) + c
+        return Linear(coefs, self.const + other.const)
+
+    def scaled(self, k: int) -> "Linear":
+        return Linear({v: c * k for v, c in self.coefs.items()}, self.const * k)
+
+
+def stage_fwd(t: StageTable, s: int) -> Linear:
+    const = (t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == t.num_stages - 1 else 0)
+    return Linear({("n", s): t.block.fwd_ns}, const)
+
+
+def stage_bwd(t: StageTable, s: int) -> Linear:
+    const = (t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == t.num_stages - 1 else 0)
+    return Linear({("n", s): t.block.bwd_ns, ("sel", s): t.selective_extra_ns, ("full", s): t.full_extra_ns}, const)
+
+
+def _per_rank(t: StageTable, rank: int, block: int, embedding: int, head: int) -> Linear:
+    stages = t.stages_of(rank)
+    const = (embedding if 0 in stages else 0) + (head if t.num_stages - 1 in stages else 0)
+    return Linear({("n", s): block for s in stages}, const)
+
+
+def rank_states(t: StageTable, rank: int) -> Linear:
+    """Weights, gradients and optimizer state on the rank (bytes)."""
+    return _per_rank(t, rank, t.block_state_bytes, t.embedding_state_bytes, t.head_state_bytes)
+
+
+def stage_activations(t: StageTable, s: int) -> Linear:
+    """Bytes one micro-batch leaves on stage s until its backward."""
+    const = (t.embedding_act_bytes if s == 0 else 0) + (t.head_act_bytes if s == t.num_stages - 1 else 0)
+    return Linear({("n", s): t.block_act_bytes,
+                   ("sel", s): t.block_act_selective_bytes - t.block_act_bytes,
+                   ("full", s): t.block_act_full_bytes - t.block_act_bytes}, const)
+
+
+def rank_fixed_dynamic(t: StageTable, rank: int) -> int:
+    """Working memory that does not depend on the layout: ZeRO-3 buffers, the loss's logits."""
+    last = t.num_stages - 1 in t.stages_of(rank)
+    return t.zero3_buffer_bytes + (t.logits_transient_bytes if last else 0)
+
+
+def rank_sync(t: StageTable, rank: int) -> Linear:
+    """Gradient reduction over dp (ns): all-reduce for ZeRO-0, reduce-scatter otherwise."""
+    if t.config.dp == 1:
+        return Linear({})
+    expr = _per_rank(t, rank, t.sync_block_ns, t.sync_embedding_ns, t.sync_head_ns)
+    return Linear(expr.coefs, expr.const + t.sync_latency_ns)
+
+
+def rank_gather_and_step(t: StageTable, rank: int) -> Linear:
+    """ZeRO-1/2 all-gather of updated weights plus the optimizer step (ns): after the reduction, never hidden."""
+    gather = _per_rank(t, rank, t.gather_block_ns, t.gather_embedding_ns, t.gather_head_ns)
+    if t.config.dp > 1 and t.config.zero_stage in (1, 2):
+        gather = Linear(gather.coefs, gather.const + t.gather_latency_ns)
+    return gather + _per_rank(t, rank, t.optim_block_ns, t.optim_embedding_ns, t.optim_head_ns)

@@ -1,0 +1,59 @@
+"""Plain-text tables for the terminal: the ranking of plans, one plan, and the cost breakdowns."""
+
+from __future__ import annotations
+
+from autoplan.schema import Layout, Predicted
+
+
+def layout_label(x: Layout) -> str:
+    sched = x.schedule if x.schedule != "interleaved" else f"interleaved(v={x.virtual_stages})"
+    flags = []
+    if x.sequence_parallel:
+        flags.append("sp")
+    if x.offload_optimizer:
+        flags.append("offload")
+    extra = f" {'+'.join(flags)}" if flags else ""
+    return f"tp{x.tp} pp{x.pp} dp{x.dp} zero{x.zero_stage} {sched} mbs{x.micro_batch_size}x{x.num_microbatches}{extra}"
+
+
+def recompute_label(x: Layout) -> str:
+    full = sum(len(s.full_recompute) for s in x.stages)
+    sel = sum(len(s.selective_recompute) for s in x.stages)
+    layers = sum(s.num_layers for s in x.stages)
+    parts = [f"full {full}/{layers}"] if full else []
+    parts += [f"selective {sel}/{layers}"] if sel else []
+    return ", ".join(parts) or "none"
+
+
+def render(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def ranking_table(plans: list[tuple[Layout, Predicted]]) -> str:
+    header = ["#", "layout", "recompute", "step s", "tokens/s", "MFU", "peak GiB", "of GiB"]
+    rows = [[str(i + 1), layout_label(x), recompute_label(x), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
+             f"{100 * p.mfu:.1f}%", f"{p.peak_memory_gib:.1f}", f"{p.capacity_gib:.1f}"]
+            for i, (x, p) in enumerate(plans)]
+    return render(rows, header)
+
+
+def breakdown_table(p: Predicted) -> str:
+    t, m = p.time, p.memory
+    time_rows = [[k, f"{v:.4f}", f"{100 * v / p.step_time_s:.1f}%"] for k, v in (
+        ("compute", t.compute_s), ("recompute", t.recompute_s), ("tp communication", t.tp_comm_s),
+        ("pp transfers", t.pp_comm_s), ("zero-3 gathers", t.zero3_gather_s), ("pipeline bubble", t.bubble_s),
+        ("dp communication", t.dp_comm_s), ("optimizer step", t.optimizer_s))]
+    mem_rows = [[k, f"{v:.2f}"] for k, v in (
+        ("weights", m.weights_gib), ("gradients", m.gradients_gib), ("optimizer state", m.optimizer_gib),
+        ("activations", m.activations_gib), ("buffers", m.buffers_gib), ("fragmentation reserve", m.reserve_gib),
+        ("total (peak rank)", m.total_gib))]
+    stages = ", ".join(f"{g:.1f}" for g in p.memory_gib_per_stage)
+    return "\n".join([
+        f"step {p.step_time_s:.4f} s, {p.tokens_per_s:,.0f} tokens/s, {p.tflops_per_gpu:.1f} TFLOP/s per GPU "
+        f"(MFU {100 * p.mfu:.1f}%, with recomputation {p.hardware_tflops_per_gpu:.1f}, HFU {100 * p.hfu:.1f}%)",
+        "", render(time_rows, ["time (critical rank)", "seconds", "share"]), "",
+        render(mem_rows, ["memory (peak rank)", "GiB"]),
+        f"memory per pipeline rank (GiB): {stages}; capacity {p.capacity_gib:.1f} GiB after the margin",
+    ])

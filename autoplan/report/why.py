@@ -1,0 +1,37 @@
+"""One paragraph on why the winning plan wins: what it trades against the runner-up."""
+
+from __future__ import annotations
+
+from autoplan.report.tables import layout_label
+from autoplan.schema import Plan
+
+
+def why_winner(plans: list[Plan]) -> str:
+    best = plans[0]
+    p = best.predicted
+    t = p.time
+    parts = [("compute", t.compute_s), ("recomputation", t.recompute_s), ("TP communication", t.tp_comm_s),
+             ("pipeline bubble", t.bubble_s + t.pp_comm_s), ("DP communication", t.dp_comm_s),
+             ("ZeRO-3 gathers", t.zero3_gather_s), ("optimizer step", t.optimizer_s)]
+    overhead = sorted(parts[1:], key=lambda kv: -kv[1])[:2]
+    lines = [f"Why #1: {100 * t.compute_s / p.step_time_s:.0f}% of its step is useful compute; the largest overheads "
+             f"are {overhead[0][0]} ({100 * overhead[0][1] / p.step_time_s:.1f}%) and {overhead[1][0]} "
+             f"({100 * overhead[1][1] / p.step_time_s:.1f}%); peak memory {p.peak_memory_gib:.1f} of "
+             f"{p.capacity_gib:.1f} GiB."]
+    if len(plans) > 1:
+        second = plans[1]
+        q = second.predicted
+        lines.append(f"The runner-up ({layout_label(second)}) is {100 * (q.step_time_s / p.step_time_s - 1):.1f}% "
+                     f"slower: " + _difference(best, second) + ".")
+    return "\n".join(lines)
+
+
+def _difference(a: Plan, b: Plan) -> str:
+    ta, tb = a.predicted.time, b.predicted.time
+    diffs = {"compute": tb.compute_s - ta.compute_s, "recomputation": tb.recompute_s - ta.recompute_s,
+             "TP communication": tb.tp_comm_s - ta.tp_comm_s,
+             "pipeline bubble": (tb.bubble_s + tb.pp_comm_s) - (ta.bubble_s + ta.pp_comm_s),
+             "DP communication": tb.dp_comm_s - ta.dp_comm_s, "ZeRO-3 gathers": tb.zero3_gather_s - ta.zero3_gather_s,
+             "optimizer step": tb.optimizer_s - ta.optimizer_s}
+    worst = sorted(diffs.items(), key=lambda kv: -kv[1])[:2]
+    return ", ".join(f"{k} {'+' if v >= 0 else ''}{v:.3f} s" for k, v in worst)

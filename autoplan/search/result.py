@@ -1,0 +1,57 @@
+"""Turning search results into plans, and explaining a search that found nothing that fits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autoplan.cost.estimate import WorkloadFn, layout_of, predict
+from autoplan.errors import SpecError
+from autoplan.schema import Cluster, ModelSpec, Plan, SolverInfo, TrainingSetup
+from autoplan.search.planner import Candidate, SearchResult, search
+from autoplan.search.space import Pins
+
+
+def plan_of(model: ModelSpec, cluster: Cluster, training: TrainingSetup, candidate: Candidate,
+            solver: SolverInfo | None) -> Plan:
+    layout = layout_of(candidate.config, candidate.shapes)
+    predicted = predict(candidate.workload, cluster, training, candidate.table, candidate.shapes, candidate.evaluation)
+    fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}
+    return Plan(**fields, model=model, cluster=cluster, training=training, predicted=predicted, solver=solver)
+
+
+def solver_info(result: SearchResult, solver: str) -> SolverInfo:
+    best = result.best
+    return SolverInfo(name=solver, status=result.status, objective=best.step_ns * 1e-9 if best else 0.0,
+                      wall_s=round(result.wall_s, 3), candidates=result.considered)
+
+
+def explain_infeasible(model: ModelSpec, make_workload, cluster: Cluster, training: TrainingSetup,
+                       pins: Pins) -> str:
+    """The smallest change that would fit: unpin offload, more nodes, a smaller global batch."""
+    tries: list[tuple[str, Cluster, TrainingSetup, Pins]] = []
+    if pins.offload_optimizer is False:
+        tries.append(("--offload", cluster, training, dataclasses.replace(pins, offload_optimizer=None)))
+    for factor in (2, 4, 8, 16):
+        bigger = dataclasses.replace(cluster, num_nodes=cluster.num_nodes * factor)
+        tries.append((f"--nodes {bigger.num_nodes}", bigger, training, pins))
+    gbs = training.global_batch_size // 2
+    while gbs >= 1:
+        tries.append((f"--global-batch-size {gbs}", cluster, dataclasses.replace(training, global_batch_size=gbs), pins))
+        gbs //= 2
+    capacity = cluster.device.memory_gib * (1 - training.memory_margin)
+    for label, c, t, p in tries:
+        result = search(model, make_workload(model, c, t), c, t, p, top_k=1)
+        if result.best is not None:
+            peak = max(m.total_bytes for m in result.best.evaluation.memory.values()) / 2**30
+            return (f"no plan fits in {capacity:.1f} GiB per device; the smallest change that fits: {label} "
+                    f"(peak {peak:.1f} GiB)")
+    return f"no plan fits in {capacity:.1f} GiB per device, even with 16x the nodes or a batch of 1"
+
+
+def require_plan(result: SearchResult, message) -> Candidate:
+    if result.best is None:
+        raise SpecError(message())
+    return result.best
+
+
+__all__ = ["WorkloadFn", "explain_infeasible", "plan_of", "require_plan", "solver_info"]
