@@ -11,7 +11,6 @@ f=688 (Llama SwiGLU), Llama with 4 KV heads.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from pathlib import Path
 

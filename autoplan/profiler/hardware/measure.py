@@ -23,7 +23,7 @@ import torch
 from autoplan.profiler.hardware import compute
 from autoplan.profiler.hardware.collectives import measure_collectives
 from autoplan.profiler.hardware.fit import AlphaBeta, fit_alpha_beta, fit_matmul
-from autoplan.schema import Cluster, DeviceProfile, Link, MatmulPoint
+from autoplan.schema import Cluster, DeviceProfile, Link
 from autoplan.schema.io import load_device, shipped_names
 
 CPU_SIZES, GPU_SIZES = [32, 64, 128, 256, 512, 1024], [512, 1024, 2048, 4096, 8192]
