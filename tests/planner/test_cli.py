@@ -1,0 +1,79 @@
+"""The command line: plans that round-trip, estimates that agree with plans, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autoplan.cli.main import main
+from autoplan.schema import load_plan
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_writes_a_plan_that_loads_and_estimate_agrees(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    code, out, _ = run(capsys, "plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "16", "--json",
+                       "-o", str(path))
+    assert code == 0
+    data = json.loads(out)
+    for key in ("tp", "pp", "dp", "sequence_parallel", "zero_stage", "schedule", "virtual_stages", "micro_batch_size",
+                "num_microbatches", "stages", "predicted", "solver"):
+        assert key in data
+    assert data["solver"]["status"] == "OPTIMAL"
+    plan = load_plan(path)
+    assert plan.tp * plan.pp * plan.dp == 4
+    assert plan.predicted.step_time_s == pytest.approx(data["predicted"]["step_time_s"])
+    # re-estimating the chosen configuration gives the same prediction (one cost model)
+    args = ["estimate", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "16", "--tp", str(plan.tp),
+            "--pp", str(plan.pp), "--zero-stage", str(plan.zero_stage), "--schedule", plan.schedule,
+            "--micro-batch-size", str(plan.micro_batch_size), "--json"]
+    if all(not s.full_recompute and not s.selective_recompute for s in plan.stages) and plan.pp == 1:
+        code, out, _ = run(capsys, *args)
+        assert code == 0
+        assert json.loads(out)["predicted"]["step_time_s"] == pytest.approx(plan.predicted.step_time_s)
+
+
+def test_pins_are_respected(capsys):
+    code, out, _ = run(capsys, "plan", "llama3-8b", "--cluster", "dgx-h100-80gb", "--nodes", "2",
+                       "--global-batch-size", "64", "--seq-len", "4096", "--tp", "2", "--pp", "2",
+                       "--schedule", "1f1b", "--zero-stage", "1", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert (data["tp"], data["pp"], data["dp"], data["schedule"], data["zero_stage"]) == (2, 2, 4, "1f1b", 1)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["plan", "no-such-model", "--cluster", "cpu-local", "--global-batch-size", "8"], "no-such-model: no such file"),
+    (["plan", "gpt-tiny", "--cluster", "nowhere.yaml", "--global-batch-size", "8"], "nowhere.yaml: no such file"),
+    (["estimate", "llama3-8b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "8", "--tp", "3", "--pp", "1",
+      "--zero-stage", "0", "--schedule", "1f1b", "--micro-batch-size", "1", "--dp", "1"], "does not divide num_attention_heads"),
+    (["plan", "llama3-405b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "8", "--seq-len", "8192"],
+     "smallest change that fits: --nodes"),
+    (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "0"], "--global-batch-size: must be at least 1"),
+])
+def test_bad_input_gives_one_line_and_status_2(argv, fragment, capsys):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert fragment in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_unknown_key_in_a_model_file_names_the_field(tmp_path, capsys):
+    spec = tmp_path / "m.yaml"
+    spec.write_text("name: m\narchitecture: gpt\nnum_layers: 2\nhidden_size: 64\nffn_hidden_size: 256\n"
+                    "num_attention_heads: 8\nnum_kv_heads: 8\nvocab_size: 256\nhidden_sise: 3\n")
+    code, _, err = run(capsys, "plan", str(spec), "--cluster", "cpu-local", "--global-batch-size", "8")
+    assert code == 2 and "m.yaml: hidden_sise: unknown key" in err
+
+
+def test_planning_does_not_import_torch():
+    code = ("import sys; from autoplan.cli.main import main; main(['plan','gpt-tiny','--cluster','cpu-local',"
+            "'--global-batch-size','8','--json']); assert 'torch' not in sys.modules, 'torch imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,53 @@
+"""The plan file: a strict, lossless YAML round trip, and refusals that name the field."""
+
+import dataclasses
+
+import pytest
+
+from autoplan.errors import SpecError
+from autoplan.schema import Stage, dump_plan, load_plan
+from autoplan.cli.main import main
+
+
+@pytest.fixture
+def plan_file(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    assert main(["plan", "llama-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--pp", "2",
+                 "-o", str(path), "--json"]) == 0
+    capsys.readouterr()
+    return path
+
+
+def test_round_trip_is_exact(plan_file, tmp_path):
+    plan = load_plan(plan_file)
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_plan(plan))
+    assert load_plan(again) == plan
+
+
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda p: dataclasses.replace(p, stages=p.stages[:1]), "stages: expected pp * virtual_stages"),
+    (lambda p: dataclasses.replace(p, stages=(dataclasses.replace(p.stages[0], layers=(0, 3)), *p.stages[1:])),
+     "stages[1].layers"),
+    (lambda p: dataclasses.replace(p, stages=(dataclasses.replace(p.stages[0], full_recompute=(99,)), *p.stages[1:])),
+     "stages[0].full_recompute"),
+    (lambda p: dataclasses.replace(p, dp=3), "tp * pp * dp"),
+])
+def test_invalid_plans_are_refused(plan_file, tmp_path, edit, fragment):
+    plan = load_plan(plan_file)
+    bad = tmp_path / "bad.yaml"
+    text = dump_plan(plan)
+    edited = edit(plan) if not fragment.startswith("tp * pp") else None
+    if edited is None:
+        text = text.replace("\ndp: 2\n", "\ndp: 3\n").replace("\ndp: 4\n", "\ndp: 3\n")
+        bad.write_text(text)
+    else:
+        bad.write_text(dump_plan(edited))
+    with pytest.raises(SpecError) as err:
+        load_plan(bad)
+    assert fragment in str(err.value) and str(bad) in str(err.value)
+
+
+def test_stage_recompute_lookup():
+    stage = Stage(index=0, rank=0, layers=(0, 4), full_recompute=(0,), selective_recompute=(1, 2))
+    assert [stage.recompute_of(k) for k in range(4)] == ["full", "selective", "selective", "none"]
