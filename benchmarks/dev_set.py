@@ -1,0 +1,71 @@
+"""Predicted vs published throughput on the dev set (benchmarks/data/dev_runs.yaml).
+
+For each run, ``autoplan plan`` is run with the published TP, PP, DP, ZeRO stage, sequence parallelism
+and recomputation pinned and everything else (micro-batch size, schedule, virtual stages, stage split)
+searched; the prediction is compared as the source counts it (Narayanan: TFLOP/s with recomputation,
+i.e. hardware_tflops_per_gpu; Korthikanti: MFU). Prints a table and the largest relative error.
+
+    python benchmarks/dev_set.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from autoplan.cli.common import workload_fn
+from autoplan.schema import ModelSpec, TrainingSetup, load_cluster
+from autoplan.search.planner import search
+from autoplan.search.result import plan_of, solver_info
+from autoplan.search.space import Pins
+
+RUNS = Path(__file__).parent / "data" / "dev_runs.yaml"
+
+
+def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
+    model = ModelSpec(name=run["name"], architecture="gpt", num_layers=run["layers"], hidden_size=run["hidden_size"],
+                      ffn_hidden_size=run["ffn_hidden_size"], num_attention_heads=run["heads"],
+                      num_kv_heads=run["heads"], vocab_size=run["vocab_size"], seq_len=run["seq_len"], dropout=0.1)
+    cluster = dataclasses.replace(load_cluster(cluster_name), num_nodes=run["gpus"] // 8)
+    training = TrainingSetup(global_batch_size=run["global_batch_size"], seq_len=run["seq_len"], precision="fp16",
+                             flash_attention=False, overlap_grad_reduce=False)
+    pins = Pins(tp=run["tp"], pp=run["pp"], dp=run["dp"], zero_stage=run["zero_stage"],
+                sequence_parallel=run["sp"], recompute=run["recompute"], offload_optimizer=False)
+    result = search(model, workload_fn(model, cluster, training), cluster, training, pins, top_k=1)
+    if result.best is None:
+        return None, result
+    return plan_of(model, cluster, training, result.best, solver_info(result, "cpsat")), result
+
+
+def main() -> int:
+    runs = yaml.safe_load(RUNS.read_text())
+    header = f"{'run':45s} {'tp':>3s} {'pp':>3s} {'dp':>3s} {'searched':28s} {'published':>10s} {'predicted':>10s} {'error':>7s}"
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    t0 = time.perf_counter()
+    for run in runs:
+        plan, result = predict_run(run)
+        if plan is None:
+            print(f"{run['name']:45s} nothing fits")
+            worst = float("inf")
+            continue
+        if run["counted_as"] == "hardware_tflops":
+            published, predicted, unit = run["published_tflops_per_gpu"], plan.predicted.hardware_tflops_per_gpu, "TF"
+        else:
+            published, predicted, unit = run["published_mfu_pct"], 100 * plan.predicted.mfu, "%MFU"
+        error = predicted / published - 1
+        worst = max(worst, abs(error))
+        searched = f"{plan.schedule}{'' if plan.virtual_stages == 1 else plan.virtual_stages} mbs{plan.micro_batch_size} m{plan.num_microbatches}"
+        print(f"{run['name']:45s} {plan.tp:3d} {plan.pp:3d} {plan.dp:3d} {searched:28s} {published:8.1f}{unit:>2s} "
+              f"{predicted:8.1f}{unit:>2s} {100 * error:+6.1f}%")
+    print(f"\nlargest |error|: {100 * worst:.1f}%  ({time.perf_counter() - t0:.1f} s)")
+    return 0 if worst <= 0.15 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
