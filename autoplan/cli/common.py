@@ -9,10 +9,12 @@ from autoplan.cost.estimate import WorkloadFn
 from autoplan.cost.workload import analytic_workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
+from autoplan.schema.profile import ModelProfile, is_profile_file, load_profile
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="shipped model name (e.g. llama3-8b) or path to a model spec YAML")
+    p.add_argument("model", help="shipped model name (e.g. llama3-8b), a model spec YAML, or a profile YAML "
+                   "written by autoplan profile")
     p.add_argument("--cluster", required=True, help="shipped cluster name (e.g. dgx-h100-80gb) or path")
     p.add_argument("--nodes", type=int, help="override the cluster's num_nodes")
     p.add_argument("--devices-per-node", type=int, help="override the cluster's devices_per_node")
@@ -26,6 +28,8 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan for attention that stores the s x s scores (Megatron-LM 2021/2022)")
     p.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
                    help="data-parallel gradient reduction after the backward instead of overlapped with it")
+    p.add_argument("--rescale-profile", action="store_true",
+                   help="use a profile measured on another device: times re-derived from its FLOPs and bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -50,25 +54,44 @@ def positive(name: str, value: int | None) -> None:
         raise SpecError(f"--{name}: must be at least 1, got {value}")
 
 
-def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec, Cluster, TrainingSetup]:
+def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Cluster, TrainingSetup]:
+    """The model is a ModelSpec, or a ModelProfile when MODEL is a profile file."""
     for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", "tp", "pp", "dp", "virtual_stages",
                  "micro_batch_size"):
         positive(name.replace("_", "-"), getattr(args, name, None))
-    model = load_model(args.model)
+    model = load_profile(args.model) if is_profile_file(args.model) else load_model(args.model)
+    default_seq = model.seq_len if isinstance(model, ModelSpec) else (model.seq_len or 1)
     cluster = load_cluster(args.cluster)
     overrides = {k: v for k, v in (("num_nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     cluster = dataclasses.replace(cluster, **overrides)
     precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
     if not 0 <= args.memory_margin < 1:
         raise SpecError(f"--memory-margin: must be in [0, 1), got {args.memory_margin}")
-    training = TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or model.seq_len,
+    training = TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or default_seq,
                              precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
                              flash_attention=args.flash_attention, overlap_grad_reduce=args.overlap_grad_reduce)
     return model, cluster, training
 
 
-def workload_fn(model: ModelSpec, cluster: Cluster, training: TrainingSetup) -> WorkloadFn:
+def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: TrainingSetup,
+                rescale: bool = False) -> WorkloadFn:
+    if isinstance(model, ModelProfile):
+        from autoplan.profiler.adapter import profile_workload_fn  # torch-free
+
+        return profile_workload_fn(model, cluster, training, rescale=rescale)
+
     def fn(micro_batch_size: int, tp: int, sp: bool):
         return analytic_workload(model, cluster, training, micro_batch_size, tp, sp)
 
     return fn
+
+
+def runnable_spec(model: ModelSpec | ModelProfile) -> ModelSpec | None:
+    """The ModelSpec a plan file embeds: the model itself, or the shipped model / spec a profile was made
+    from; None for a profile of a model the runtime cannot build (a user module, an HF config)."""
+    if isinstance(model, ModelSpec):
+        return model
+    try:
+        return load_model(model.source)
+    except SpecError:
+        return None

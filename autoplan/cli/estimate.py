@@ -6,14 +6,14 @@ import argparse
 import dataclasses
 import json
 
-from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, workload_fn
+from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec, workload_fn
 from autoplan.cost.estimate import estimate_layout, stages_from_shapes
 from autoplan.cost.evaluate import StageShape
 from autoplan.errors import SpecError
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label
 from autoplan.schema import Layout, Plan, SolverInfo, check_fits, dump_plan, plan_to_dict
-from autoplan.schema._io import write_atomic
-from autoplan.search.space import stage_splits
+from autoplan.schema._io import to_dict, write_atomic
+from autoplan.search.space import num_layers_of, stage_splits, tp_options
 
 
 def register(subparsers) -> None:
@@ -45,18 +45,30 @@ def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, glo
 
 def run(args: argparse.Namespace) -> int:
     model, cluster, training = load_inputs(args)
-    layout = even_layout(args, model.num_layers, cluster.num_devices, training.global_batch_size)
-    check_fits(layout, model, training, cluster.num_devices)
-    predicted, evaluation, _ = estimate_layout(workload_fn(model, cluster, training), cluster, training, layout)
+    layout = even_layout(args, num_layers_of(model), cluster.num_devices, training.global_batch_size)
+    spec = runnable_spec(model)
+    if spec is not None:
+        check_fits(layout, spec, training, cluster.num_devices)
+    else:
+        Layout.validate(layout)
+        if layout.tp not in tp_options(model, cluster):
+            raise SpecError(f"tp: the profile's blocks shard at tp in {tp_options(model, cluster)}, not {layout.tp}")
+    if args.output and spec is None:
+        raise SpecError(f"-o: profile {model.name!r} is not of a model the runtime can build; estimate it without -o")
+    predicted, evaluation, _ = estimate_layout(workload_fn(model, cluster, training, args.rescale_profile),
+                                               cluster, training, layout)
     fits = predicted.peak_memory_gib <= predicted.capacity_gib
-    plan = Plan(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}, model=model,
-                cluster=cluster, training=training, predicted=predicted,
-                solver=SolverInfo(name="given", status="FITS" if fits else "DOES_NOT_FIT",
-                                  objective=predicted.step_time_s, wall_s=0.0))
-    if args.output:
-        write_atomic(args.output, dump_plan(plan))
-    if args.json:
+    info = SolverInfo(name="given", status="FITS" if fits else "DOES_NOT_FIT", objective=predicted.step_time_s,
+                      wall_s=0.0)
+    if spec is not None:
+        plan = Plan(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}, model=spec,
+                    cluster=cluster, training=training, predicted=predicted, solver=info)
+        if args.output:
+            write_atomic(args.output, dump_plan(plan))
         data = {k: v for k, v in plan_to_dict(plan).items() if k not in ("model", "cluster", "training")}
+    else:
+        data = {**to_dict(layout), "predicted": to_dict(predicted), "solver": to_dict(info)}
+    if args.json:
         data["model"], data["cluster"], data["fits"] = model.name, cluster.name, fits
         print(json.dumps(data))
         return 0

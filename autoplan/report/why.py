@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from autoplan.report.tables import layout_label
-from autoplan.schema import Plan
+from autoplan.schema import Layout, Predicted
 
 
-def why_winner(plans: list[Plan]) -> str:
-    best = plans[0]
-    p = best.predicted
+def why_winner(plans: list[tuple[Layout, Predicted]]) -> str:
+    best, p = plans[0]
     t = p.time
     parts = [("compute", t.compute_s), ("recomputation", t.recompute_s), ("TP communication", t.tp_comm_s),
              ("pipeline bubble", t.bubble_s + t.pp_comm_s), ("DP communication", t.dp_comm_s),
@@ -19,15 +18,14 @@ def why_winner(plans: list[Plan]) -> str:
              f"({100 * overhead[1][1] / p.step_time_s:.1f}%); peak memory {p.peak_memory_gib:.1f} of "
              f"{p.capacity_gib:.1f} GiB."]
     if len(plans) > 1:
-        second = plans[1]
-        q = second.predicted
+        second, q = plans[1]
         lines.append(f"The runner-up ({layout_label(second)}) is {100 * (q.step_time_s / p.step_time_s - 1):.1f}% "
-                     f"slower: " + _difference(best, second) + ".")
+                     f"slower: " + _difference(p, q) + ".")
     return "\n".join(lines)
 
 
-def _difference(a: Plan, b: Plan) -> str:
-    ta, tb = a.predicted.time, b.predicted.time
+def _difference(a: Predicted, b: Predicted) -> str:
+    ta, tb = a.time, b.time
     diffs = {"compute": tb.compute_s - ta.compute_s, "recomputation": tb.recompute_s - ta.recompute_s,
              "TP communication": tb.tp_comm_s - ta.tp_comm_s,
              "pipeline bubble": (tb.bubble_s + tb.pp_comm_s) - (ta.bubble_s + ta.pp_comm_s),

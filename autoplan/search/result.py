@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.cost.estimate import WorkloadFn, layout_of, predict
+from autoplan.cost.estimate import layout_of, predict
 from autoplan.errors import SpecError
-from autoplan.schema import Cluster, ModelSpec, Plan, SolverInfo, TrainingSetup
+from autoplan.schema import Cluster, Layout, ModelSpec, Plan, Predicted, SolverInfo, TrainingSetup
 from autoplan.search.planner import Candidate, SearchResult, search
 from autoplan.search.space import Pins
 
 
+def predicted_of(candidate: Candidate, cluster: Cluster, training: TrainingSetup) -> tuple[Layout, Predicted]:
+    layout = layout_of(candidate.config, candidate.shapes)
+    return layout, predict(candidate.workload, cluster, training, candidate.table, candidate.shapes,
+                           candidate.evaluation)
+
+
 def plan_of(model: ModelSpec, cluster: Cluster, training: TrainingSetup, candidate: Candidate,
             solver: SolverInfo | None) -> Plan:
-    layout = layout_of(candidate.config, candidate.shapes)
-    predicted = predict(candidate.workload, cluster, training, candidate.table, candidate.shapes, candidate.evaluation)
+    layout, predicted = predicted_of(candidate, cluster, training)
     fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}
     return Plan(**fields, model=model, cluster=cluster, training=training, predicted=predicted, solver=solver)
 
@@ -52,6 +57,3 @@ def require_plan(result: SearchResult, message) -> Candidate:
     if result.best is None:
         raise SpecError(message())
     return result.best
-
-
-__all__ = ["WorkloadFn", "explain_infeasible", "plan_of", "require_plan", "solver_info"]

@@ -53,7 +53,16 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def tp_options(model: ModelSpec, cluster: Cluster) -> list[int]:
+def num_layers_of(model) -> int:
+    """Blocks of a ModelSpec or of a measured profile (``autoplan profile``)."""
+    return model.num_layers if isinstance(model, ModelSpec) else len(model.blocks)
+
+
+def tp_options(model, cluster: Cluster) -> list[int]:
+    if not isinstance(model, ModelSpec):  # a profile: the TP sizes its tracer found every block shards at
+        from autoplan.profiler.adapter import allowed_tp_sizes  # torch-free module
+
+        return [t for t in divisors(cluster.devices_per_node) if t in allowed_tp_sizes(model)]
     return [t for t in divisors(cluster.devices_per_node)
             if model.num_attention_heads % t == 0 and model.num_kv_heads % t == 0
             and model.ffn_hidden_size % t == 0 and (t == 1 or model.vocab_size % t == 0)]
@@ -61,7 +70,7 @@ def tp_options(model: ModelSpec, cluster: Cluster) -> list[int]:
 
 def configs(model: ModelSpec, cluster: Cluster, training: TrainingSetup, pins: Pins,
             limits: SearchLimits = SearchLimits()) -> Iterator[Config]:
-    n, L, gbs = cluster.num_devices, model.num_layers, training.global_batch_size
+    n, L, gbs = cluster.num_devices, num_layers_of(model), training.global_batch_size
     tps = [pins.tp] if pins.tp is not None else tp_options(model, cluster)
     for tp in tps:
         pps = [pins.pp] if pins.pp is not None else range(1, L + 1)
