@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 from autoplan.cost.estimate import WorkloadFn
 from autoplan.cost.workload import analytic_workload
@@ -59,7 +60,8 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
     for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", "tp", "pp", "dp", "virtual_stages",
                  "micro_batch_size"):
         positive(name.replace("_", "-"), getattr(args, name, None))
-    model = load_profile(args.model) if is_profile_file(args.model) else load_model(args.model)
+    is_profile = Path(args.model).is_file() and is_profile_file(args.model)
+    model = load_profile(args.model) if is_profile else load_model(args.model)
     default_seq = model.seq_len if isinstance(model, ModelSpec) else (model.seq_len or 1)
     cluster = load_cluster(args.cluster)
     overrides = {k: v for k, v in (("num_nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}

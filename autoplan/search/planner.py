@@ -104,9 +104,10 @@ def _best_layout(table: StageTable, pins: Pins, solver: Solver,
                  limits: SearchLimits) -> tuple[tuple[StageShape, ...], Evaluation] | None:
     best: tuple[tuple[StageShape, ...], Evaluation] | None = None
     peaks = inflight_peaks(table.orders)
+    memo: dict = {}
     for split in stage_splits(table.num_layers, table.num_stages, limits.max_edge_trim):
         if solver == "cpsat":
-            shapes = cheapest_recompute(table, split, pins.recompute, "auto", peaks)
+            shapes = cheapest_recompute(table, split, pins.recompute, "auto", peaks, memo)
             options = [shapes] if shapes is not None else []
         else:
             options = _every_recompute_choice(split, pins)

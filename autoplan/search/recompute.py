@@ -41,29 +41,45 @@ def stage_choices(layers: int, pin: Pin) -> list[tuple[int, int]]:
 
 
 def cheapest_recompute(table: StageTable, layers: tuple[int, ...], pin: Pin, method: Method = "auto",
-                       peaks: dict | None = None) -> tuple[StageShape, ...] | None:
-    """Per stage (layers, selective, full) with the least added recompute time that fits; None if none fits."""
+                       peaks: dict | None = None, memo: dict | None = None) -> tuple[StageShape, ...] | None:
+    """Per stage (layers, selective, full) with the least added recompute time that fits; None if none fits.
+
+    ``memo`` (one dict per table) keeps each rank's answer: stage splits of one configuration share most of
+    their per-rank sub-problems.
+    """
     peaks = peaks if peaks is not None else inflight_peaks(table.orders)
+    memo = memo if memo is not None else {}
     shapes: list[StageShape | None] = [None] * table.num_stages
     for rank in table.orders:
         stages = table.stages_of(rank)
-        combos = 1
-        for s in stages:
-            combos *= len(stage_choices(layers[s], pin))
-        use_cpsat = method == "cpsat" or (method == "auto" and combos > ENUMERATION_LIMIT)
-        zero = tuple((0, 0) for _ in stages)
-        if method == "auto" and pin in (None, "none") and _fits_with(table, layers, stages, zero, rank, peaks[rank]):
-            solve = lambda *_: zero  # nothing recomputed costs nothing: the cheapest choice when it fits
-        elif method == "auto" and len(stages) == 1:
-            solve = _single_stage
-        else:
-            solve = _cpsat if use_cpsat else _enumerate
-        chosen = solve(table, layers, stages, pin, peaks[rank], rank)
+        key = (rank, pin, method, tuple(layers[s] for s in stages))
+        if key not in memo:
+            memo[key] = _rank_choice(table, layers, stages, pin, method, peaks, rank)
+        chosen = memo[key]
         if chosen is None:
             return None
         for s, (sel, full) in zip(stages, chosen):
             shapes[s] = StageShape(layers[s], sel, full)
     return tuple(shapes)  # type: ignore[arg-type]
+
+
+def _rank_choice(table: StageTable, layers: tuple[int, ...], stages: list[int], pin: Pin, method: Method,
+                 peaks: dict, rank: int) -> tuple[tuple[int, int], ...] | None:
+    combos = 1
+    for s in stages:
+        combos *= len(stage_choices(layers[s], pin))
+    use_cpsat = method == "cpsat" or (method == "auto" and combos > ENUMERATION_LIMIT)
+    zero = tuple((0, 0) for _ in stages)
+    every = tuple((0, layers[s]) for s in stages)
+    if method == "auto" and pin in (None, "none") and _fits_with(table, layers, stages, zero, rank, peaks[rank]):
+        return zero  # nothing recomputed costs nothing: the cheapest choice when it fits
+    if method == "auto" and pin is None and not _fits_with(table, layers, stages, every, rank, peaks[rank]):
+        # full recomputation of every layer needs the least memory of all choices (each fully
+        # recomputed layer keeps only its input; the rebuilt block is counted once): nothing fits
+        return None
+    if method == "auto" and len(stages) == 1:
+        return _single_stage(table, layers, stages, pin, peaks[rank], rank)
+    return (_cpsat if use_cpsat else _enumerate)(table, layers, stages, pin, peaks[rank], rank)
 
 
 def _fits_with(table: StageTable, layers: tuple[int, ...], stages: list[int], choice, rank: int, peaks) -> bool:
