@@ -3,6 +3,7 @@ memory per pipeline rank, and where the time and the memory go."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, path_of
@@ -19,9 +20,7 @@ WorkloadFn = Callable[[int, int, bool], Workload]
 
 
 def config_of(layout: Layout) -> Config:
-    return Config(layout.tp, layout.pp, layout.dp, layout.sequence_parallel, layout.zero_stage,
-                  layout.offload_optimizer, layout.schedule, layout.virtual_stages, layout.micro_batch_size,
-                  layout.num_microbatches)
+    return Config(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(Config)})
 
 
 def shapes_of(layout: Layout) -> tuple[StageShape, ...]:
@@ -41,11 +40,8 @@ def stages_from_shapes(shapes: tuple[StageShape, ...], pp: int) -> tuple[Stage, 
 
 
 def layout_of(config: Config, shapes: tuple[StageShape, ...]) -> Layout:
-    c = config
-    return Layout(tp=c.tp, pp=c.pp, dp=c.dp, sequence_parallel=c.sequence_parallel, zero_stage=c.zero_stage,
-                  offload_optimizer=c.offload_optimizer, schedule=c.schedule, virtual_stages=c.virtual_stages,
-                  micro_batch_size=c.micro_batch_size, num_microbatches=c.num_microbatches,
-                  stages=stages_from_shapes(shapes, c.pp))
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(Config)}
+    return Layout(**fields, stages=stages_from_shapes(shapes, config.pp))
 
 
 def estimate_layout(workload_fn: WorkloadFn, cluster: Cluster, training: TrainingSetup,

@@ -20,7 +20,8 @@ from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, col
 from autoplan.cost.model_states import state_bytes_per_param
 from autoplan.cost.schedule import RankOrders, build_schedule
 from autoplan.cost.workload import LayerCost, Workload
-from autoplan.schema import Cluster, ScheduleKind, TrainingSetup
+from autoplan.schema import Cluster, TrainingSetup
+from autoplan.schema.plan import ParallelConfig as Config  # the search's name for it
 
 PERMILLE = 1000
 # Allocator fragmentation reserve on activations and buffers: the caching allocator's measured gap between
@@ -31,26 +32,6 @@ RESERVE_PERMILLE = 50
 # and the low-precision weight copy: 4 + 3 * (4 + 4) + 2 = 30 bytes per parameter (memory-bound).
 ADAM_STEP_BYTES = 30
 SGD_STEP_BYTES = 18
-
-
-@dataclass(frozen=True)
-class Config:
-    """A parallel configuration without its stage layout: what the outer search enumerates."""
-
-    tp: int
-    pp: int
-    dp: int
-    sequence_parallel: bool
-    zero_stage: int
-    offload_optimizer: bool
-    schedule: ScheduleKind
-    virtual_stages: int
-    micro_batch_size: int
-    num_microbatches: int
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.virtual_stages
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,9 @@ class Stage:
         return "selective" if layer in self.selective_recompute else "none"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Layout:
-    """How a model is spread over the devices: the part of a plan that the search chooses."""
+@dataclass(frozen=True)
+class ParallelConfig:
+    """A layout without its stages: what the search enumerates before it places layers and recomputation."""
 
     tp: int
     pp: int
@@ -68,11 +68,17 @@ class Layout:
     micro_batch_size: int
     num_microbatches: int
     """Micro-batches per optimizer step on each data-parallel replica."""
-    stages: tuple[Stage, ...]
 
     @property
     def num_stages(self) -> int:
         return self.pp * self.virtual_stages
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout(ParallelConfig):
+    """How a model is spread over the devices: the part of a plan that the search chooses."""
+
+    stages: tuple[Stage, ...]
 
     @property
     def world_size(self) -> int:
