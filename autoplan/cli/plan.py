@@ -14,7 +14,7 @@ from autoplan.schema import dump_plan, plan_to_dict
 from autoplan.schema._io import to_dict, write_atomic
 from autoplan.search.planner import search, stderr_progress
 from autoplan.search.result import explain_infeasible, plan_of, predicted_of, require_plan, solver_info
-from autoplan.search.space import Pins
+from autoplan.search.space import Pins, tp_options
 
 
 def register(subparsers) -> None:
@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"-o: a plan file embeds a model the runtime can build, and profile {model.name!r} "
                         f"(of {model.source}) is not a shipped model or spec file; plan it without -o")
     pins = pins_of(args)
+    allowed = tp_options(model, cluster)
+    if pins.tp is not None and pins.tp not in allowed:
+        raise SpecError(f"--tp: {pins.tp} must divide the devices per node ({cluster.devices_per_node}) and the "
+                        f"model's heads, KV heads, FFN width and vocabulary; use one of {allowed}")
     make = lambda m, c, t: workload_fn(m, c, t, args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=max(1, args.top), progress=None if args.json else stderr_progress)

@@ -56,6 +56,7 @@ def test_pins_are_respected(capsys):
     (["plan", "llama3-405b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "8", "--seq-len", "8192"],
      "smallest change that fits: --nodes"),
     (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "0"], "--global-batch-size: must be at least 1"),
+    (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--tp", "3"], "--tp: 3 must divide"),
 ])
 def test_bad_input_gives_one_line_and_status_2(argv, fragment, capsys):
     code, out, err = run(capsys, *argv)
