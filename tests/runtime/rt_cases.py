@@ -29,7 +29,11 @@ CASES: dict[int, dict[str, dict]] = {
         "dp4_zero1": dict(dp=4, zero=1, micro_batch_size=1),
         "dp4_zero2": dict(dp=4, zero=2, micro_batch_size=1),
         "dp4_zero3": dict(dp=4, zero=3, micro_batch_size=1),
-        "llama_tp2_pp2": dict(model="llama-tiny", tp=2, pp=2, schedule="1f1b", num_microbatches=2),
+        # lr 1e-3: at the matrix's 1e-2 llama-tiny trains unstably on random tokens (grad norm 1.6 -> 6.9 ->
+        # 1.3 -> 6.4), which amplifies fp32 rounding in the grad norm to 1.7e-3 by step 5 (serial vs serial with
+        # another summation order would do the same); at 1e-3 the norms match to 4e-7
+        "llama_tp2_pp2": dict(model="llama-tiny", tp=2, pp=2, schedule="1f1b", num_microbatches=2,
+                              learning_rate=1e-3),
     },
     8: {
         "tp8": dict(tp=8),
