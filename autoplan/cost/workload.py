@@ -81,21 +81,13 @@ def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetu
     tp_link = group_link(cluster, tp, 1)
     hidden_bytes = e * b * s * model.hidden_size
 
-    def tp_collectives_s(count: int) -> float:
-        """``count`` all-reduces without SP; with SP each becomes an all-gather plus a reduce-scatter."""
-        if tp == 1:
-            return 0.0
-        if sp:
-            return count * (collective_time_s("all_gather", hidden_bytes, tp_link)
-                            + collective_time_s("reduce_scatter", hidden_bytes, tp_link))
-        return count * collective_time_s("all_reduce", hidden_bytes, tp_link)
-
-    tied_split = bool(model.tie_embeddings)
-    vocab_weights = model.vocab_size * model.hidden_size / tp
     def one(kind: str) -> float:
         return collective_time_s(kind, hidden_bytes, tp_link) if tp > 1 else 0.0
 
-    block = _block_cost(model, cluster, training, b, s, tp, sp, tp_collectives_s(2))
+    # two per block (after attention, after the MLP): an all-reduce, or under SP an all-gather before and a
+    # reduce-scatter after each
+    block_comm_s = 2 * (one("all_gather") + one("reduce_scatter") if sp else one("all_reduce"))
+    block = _block_cost(model, cluster, training, b, s, tp, sp, block_comm_s)
     # vocab-parallel embedding: partial sums combined by an all-reduce (a reduce-scatter under SP)
     embedding = _embedding_cost(model, cluster, training, b, s, tp, sp, one("reduce_scatter" if sp else "all_reduce"))
     # column-parallel head: under SP its input is all-gathered in forward and reduce-scattered in backward;
@@ -105,7 +97,7 @@ def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetu
     return Workload(
         micro_batch_size=b, seq_len=s, tp=tp, sequence_parallel=sp, num_layers=model.num_layers,
         embedding=embedding, block=block, head=head,
-        tied_copy_params=vocab_weights if tied_split else 0.0,
+        tied_copy_params=model.vocab_size * model.hidden_size / tp if model.tie_embeddings else 0.0,
         output_bytes=act.stage_output_bytes(model, b, s, tp, sp, mixed),
         logits_transient_bytes=act.logits_transient_bytes(model, b, s, tp, mixed),
     )
@@ -121,8 +113,11 @@ def _block_cost(model: ModelSpec, cluster: Cluster, training: TrainingSetup, b: 
     elementwise_s = memory_time_s(_block_elementwise_bytes(model, training, b, s, tp, sp), device, kernels=10)
     saved = act.block_saved_bytes(model, b, s, tp, sp, training.mixed_precision, training.flash_attention)
     fwd_s = gemm_s + core_fwd_s + elementwise_s
+    # norm weights (and, for gpt, the biases of the row-parallel o and fc2, added after their all-reduce)
+    # stay whole on every TP rank; everything else is split
+    replicated = 2 * model.hidden_size if model.architecture == "llama" else 6 * model.hidden_size
     return LayerCost(
-        params=model.layer_params() / tp,
+        params=(model.layer_params() - replicated) / tp + replicated,
         fwd_s=fwd_s,
         bwd_s=BACKWARD_FACTOR * fwd_s,
         fwd_flops=flops.total / tp,
