@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from autoplan.cli.common import workload_fn
+from autoplan.cost.estimate import estimate_layout
+from autoplan.report.timeline import draw_timeline
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label, render
 from autoplan.schema import load_plan
 
@@ -11,6 +14,7 @@ from autoplan.schema import load_plan
 def register(subparsers) -> None:
     p = subparsers.add_parser("show", help="print a plan file as tables")
     p.add_argument("plan", help="a plan YAML written by autoplan plan or estimate")
+    p.add_argument("--timeline", action="store_true", help="draw the simulated pipeline timeline per rank")
     p.set_defaults(func=run)
 
 
@@ -28,4 +32,9 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + render(rows, ["stage", "pp rank", "layers", "count", "full recompute", "selective"]))
     if plan.predicted:
         print("\n" + breakdown_table(plan.predicted))
+    if args.timeline:
+        workload = workload_fn(plan.model, plan.cluster, plan.training)
+        _, evaluation, _ = estimate_layout(workload, plan.cluster, plan.training, plan.layout())
+        recomputing = {s.index for s in plan.stages if s.full_recompute or s.selective_recompute}
+        print("\npipeline timeline (simulated):\n" + draw_timeline(evaluation, recomputing))
     return 0

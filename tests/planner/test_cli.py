@@ -78,3 +78,18 @@ def test_planning_does_not_import_torch():
             "'--global-batch-size','8','--json']); assert 'torch' not in sys.modules, 'torch imported'")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_show_draws_the_simulated_pipeline(tmp_path, capsys):
+    """Every rank's line holds its m forwards and m backwards; the last rank starts after the first."""
+    path = tmp_path / "plan.yaml"
+    assert main(["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "16", "--pp", "4",
+                 "--schedule", "1f1b", "--micro-batch-size", "1", "-o", str(path), "--json"]) == 0
+    capsys.readouterr()
+    code, out, _ = run(capsys, "show", str(path), "--timeline")
+    assert code == 0
+    lines = [line for line in out.splitlines() if line.startswith("rank ")]
+    assert len(lines) == 4
+    bars = [line.split("|")[1] for line in lines]
+    assert bars[0][0] == "F" and bars[3][0] == "."
+    assert all("F" in bar and ("B" in bar or "r" in bar) for bar in bars)

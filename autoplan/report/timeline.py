@@ -1,0 +1,23 @@
+"""The pipeline drawn in text: one line per pipeline rank, time left to right, forward and backward of each
+micro-batch as the simulator placed them (``F`` forward, ``B`` backward, ``r`` a backward that recomputes,
+``.`` idle). What ``autoplan show --timeline`` prints; the picture is the cost model's, not a guess."""
+
+from __future__ import annotations
+
+from autoplan.cost.evaluate import Evaluation
+
+
+def draw_timeline(evaluation: Evaluation, recomputing_stages: set[int], width: int = 100) -> str:
+    tl = evaluation.timeline
+    step = max(tl.rank_end.values()) or 1.0
+    ranks = sorted(tl.rank_end)
+    rows = {r: ["."] * width for r in ranks}
+    pp = len(ranks)
+    for i, action in enumerate(tl.actions):
+        first = int(tl.start[i] / step * width)
+        last = max(first + 1, int(tl.end[i] / step * width))
+        mark = action.kind if action.kind == "F" or action.stage not in recomputing_stages else "r"
+        for x in range(first, min(last, width)):
+            rows[action.stage % pp][x] = mark
+    scale = f"0 s{' ' * (width - 12)}{step * 1e-9:8.3f} s"
+    return "\n".join([f"rank {r:2d} |{''.join(rows[r])}|" for r in ranks] + [f"        {scale}"])
