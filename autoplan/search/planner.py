@@ -5,8 +5,9 @@ Two solvers over the same space (search/space.py) and the same cost model:
 * ``cpsat``: configurations are visited in order of their lower bound (search/bounds.py) and skipped
   once the bound reaches the K-th best step time found; each visited configuration gets its cheapest
   fitting recomputation per rank (search/recompute.py, CP-SAT where the choice is combinatorial) for every
-  stage split, simulated; CP-SAT then chooses among the evaluated candidates. The result is OPTIMAL
-  when every sub-problem was solved to optimality, since pruning only removes what provably cannot win.
+  stage split, simulated; CP-SAT then chooses among the evaluated candidates. The result is OPTIMAL under
+  the cost model over this space: every sub-problem is solved to optimality, and pruning only removes what
+  provably cannot win.
 * ``bruteforce``: every configuration, every split, every per-stage recomputation choice, simulated.
   Slow, and meant for checking the first on small problems (tests/test_search_agrees.py).
 """
@@ -52,7 +53,8 @@ class SearchResult:
     ranked: tuple[Candidate, ...]
     """The best plan of each of the best configurations, fastest first (at most top_k)."""
     status: str
-    """OPTIMAL, INFEASIBLE (nothing fits), or FEASIBLE (a sub-problem hit its time limit)."""
+    """OPTIMAL, or INFEASIBLE when nothing fits; a CP-SAT sub-problem that is not solved to optimality raises
+    instead of weakening the claim."""
     wall_s: float
     considered: int
     """Configurations enumerated."""
