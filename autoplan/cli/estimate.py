@@ -30,9 +30,9 @@ def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, glo
     if global_batch % (dp * args.micro_batch_size):
         raise SpecError(f"--micro-batch-size: global batch {global_batch} is not divisible by dp x micro-batch "
                         f"= {dp} x {args.micro_batch_size}")
-    stages = pp_v = args.pp * v
+    stages = args.pp * v
     if stages > num_layers:
-        raise SpecError(f"--pp: pp x virtual stages = {pp_v} exceeds the {num_layers} layers")
+        raise SpecError(f"--pp: pp x virtual stages = {stages} exceeds the {num_layers} layers")
     split = stage_splits(num_layers, stages, 0)[0]
     mode = args.recompute or "none"
     shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)

@@ -3,14 +3,15 @@
 A multiply-add is 2 FLOPs. Attention scores and attention-over-V are counted in full (not halved for the
 causal mask), as in Narayanan et al. 2021 Eq. 3 and Korthikanti et al. 2022 Eq. 7, so that the MFU printed
 here is comparable with theirs. Backward = 2 x forward. Model FLOPs exclude recomputation; hardware FLOPs
-include it (Korthikanti Eq. 8: selective adds the attention core again, full adds the whole forward).
+include it (Korthikanti Eq. 8: selective adds the attention core again, full adds the whole forward;
+cost/estimate.py counts those from the per-layer costs, so that profiled models get them too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.schema import Layout, ModelSpec
+from autoplan.schema import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,6 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, s: int) -> float:
     """3 x forward (forward + 2 x backward) over the global batch: Korthikanti Eq. 7."""
     block = block_fwd_flops(model, global_batch, s).total
     return 3.0 * (model.num_layers * block + logits_fwd_flops(model, global_batch, s))
-
-
-def recompute_flops_per_step(model: ModelSpec, layout: Layout, global_batch: int, s: int) -> float:
-    """Extra forward FLOPs that recomputation executes (counted by HFU, not by MFU)."""
-    block = block_fwd_flops(model, global_batch, s)
-    full = sum(len(st.full_recompute) for st in layout.stages)
-    selective = sum(len(st.selective_recompute) for st in layout.stages)
-    return full * block.total + selective * block.attn_core
 
 
 def narayanan_flops_per_step(model: ModelSpec, global_batch: int, s: int) -> float:

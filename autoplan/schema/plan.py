@@ -16,10 +16,10 @@ inside one node whenever tp divides devices_per_node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.errors import SpecError
 from autoplan.schema._io import require
 from autoplan.schema.cluster import Cluster
 from autoplan.schema.model import ModelSpec
@@ -83,9 +83,6 @@ class Layout(ParallelConfig):
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
-
-    def stage_ranges(self) -> tuple[tuple[int, int], ...]:
-        return tuple(s.layers for s in self.stages)
 
     def validate(self) -> None:
         for name in ("tp", "pp", "dp", "virtual_stages", "micro_batch_size", "num_microbatches"):
@@ -226,15 +223,11 @@ class Plan(Layout):
     def validate(self) -> None:
         require(self.schema_version == SCHEMA_VERSION, "schema_version",
                 f"this autoplan reads version {SCHEMA_VERSION}; re-plan with this version")
-        try:
-            check_fits(self, self.model, self.training, self.cluster.num_devices)
-        except SpecError as err:
-            raise SpecError(str(err)) from None
+        check_fits(self, self.model, self.training, self.cluster.num_devices)
 
     def layout(self) -> Layout:
         return Layout(**{f: getattr(self, f) for f in LAYOUT_FIELDS})
 
 
-LAYOUT_FIELDS = ("tp", "pp", "dp", "sequence_parallel", "zero_stage", "offload_optimizer", "schedule",
-                 "virtual_stages", "micro_batch_size", "num_microbatches", "stages")
+LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(Layout))
 PLAN_KEY_ORDER = ("schema_version", *LAYOUT_FIELDS, "predicted", "solver", "model", "cluster", "training")

@@ -5,9 +5,7 @@ exhaustive enumeration."""
 import dataclasses
 import random
 
-import pytest
-
-from autoplan.cost.evaluate import StageShape, evaluate
+from autoplan.cost.evaluate import evaluate
 from autoplan.cost.stage_table import Config, build_table
 from autoplan.cost.workload import analytic_workload
 from autoplan.schema import Cluster, Link, ModelSpec, TrainingSetup, load_device
