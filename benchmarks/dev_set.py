@@ -1,8 +1,8 @@
 """Predicted vs published throughput on the dev set (benchmarks/data/dev_runs.yaml).
 
 For each run, ``autoplan plan`` is run with the published TP, PP, DP, ZeRO stage, sequence parallelism
-and recomputation pinned and everything else (micro-batch size, schedule, virtual stages, stage split)
-searched; the prediction is compared as the source counts it (Narayanan: TFLOP/s with recomputation,
+and recomputation pinned and everything else searched among what Megatron-LM could run (micro-batch size;
+1F1B, or interleaved with layers divisible into pp x v equal chunks; equal stages); the prediction is compared as the source counts it (Narayanan: TFLOP/s with recomputation,
 i.e. hardware_tflops_per_gpu; Korthikanti: MFU). Prints a table and the largest relative error.
 
     python benchmarks/dev_set.py
@@ -21,7 +21,7 @@ from autoplan.cli.common import workload_fn
 from autoplan.schema import ModelSpec, TrainingSetup, load_cluster
 from autoplan.search.planner import search
 from autoplan.search.result import plan_of, solver_info
-from autoplan.search.space import Pins
+from autoplan.search.space import Pins, SearchLimits
 
 RUNS = Path(__file__).parent / "data" / "dev_runs.yaml"
 
@@ -32,13 +32,40 @@ def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
                       num_kv_heads=run["heads"], vocab_size=run["vocab_size"], seq_len=run["seq_len"], dropout=0.1)
     cluster = dataclasses.replace(load_cluster(cluster_name), num_nodes=run["gpus"] // 8)
     training = TrainingSetup(global_batch_size=run["global_batch_size"], seq_len=run["seq_len"], precision="fp16",
-                             flash_attention=False, overlap_grad_reduce=False)
+                             attention="standard", overlap_grad_reduce=False,
+                             grad_accumulation_fusion=False)
     pins = Pins(tp=run["tp"], pp=run["pp"], dp=run["dp"], zero_stage=run["zero_stage"],
                 sequence_parallel=run["sp"], recompute=run["recompute"], offload_optimizer=False)
-    result = search(model, workload_fn(model, cluster, training), cluster, training, pins, top_k=1)
-    if result.best is None:
+    fn = workload_fn(model, cluster, training)
+    best = None
+    if run.get("micro_batch_size"):  # published (Korthikanti): the micro-batch and the interleaving are known
+        pins = dataclasses.replace(pins, micro_batch_size=run["micro_batch_size"])
+        v = run.get("virtual_stages") or 1
+        schedules = [{"schedule": "interleaved" if v > 1 else "1f1b", "virtual_stages": v}]
+    else:
+        schedules = megatron_schedules(run["layers"], run["pp"])
+    for schedule in schedules:
+        result = search(model, fn, cluster, training, dataclasses.replace(pins, **schedule), top_k=1,
+                        limits=MEGATRON_SPLITS)
+        if result.best is not None and (best is None or result.best.step_ns < best.best.step_ns):
+            best = result
+    if best is None:
         return None, result
-    return plan_of(model, cluster, training, result.best, solver_info(result, "cpsat")), result
+    return plan_of(model, cluster, training, best.best, solver_info(best, "cpsat")), best
+
+
+# Megatron-LM gives every pipeline stage the same number of layers: no uneven splits
+MEGATRON_SPLITS = SearchLimits(max_edge_trim=0)
+
+
+def megatron_schedules(layers: int, pp: int) -> list[dict]:
+    """The schedules Megatron-LM 2021-22 could run: 1F1B, and the interleaved schedule with v model chunks
+    per rank only when the layers divide into pp * v equal chunks (its ``num_layers % (pp * v) == 0``)."""
+    options = [{"schedule": "1f1b", "virtual_stages": 1}]
+    if pp > 1:
+        options += [{"schedule": "interleaved", "virtual_stages": v} for v in range(2, SearchLimits().max_virtual_stages + 1)
+                    if layers % (pp * v) == 0]
+    return options
 
 
 def main() -> int:

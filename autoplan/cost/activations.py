@@ -13,7 +13,7 @@ Counted per tensor that autograd saves, so that each term can be checked against
         MLP, GELU: fc1 output, GELU output   2 e sbf
         MLP, SwiGLU: gate, silu(gate), up, product   4 e sbf
     attention core, split across TP (standard attention only; a flash kernel keeps only its
-    log-sum-exp, 4 a s b bytes, and reruns the rest):
+    fp32 log-sum-exp, 4 a s b bytes, besides q, k, v and its output counted above, and reruns the rest):
         softmax output                       e a s^2 b
         attention dropout mask + output      (1 + e) a s^2 b   (only if dropout > 0)
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.schema import ModelSpec
+from autoplan.schema import ModelSpec, Precision
 
 
 @dataclass(frozen=True)
@@ -39,25 +39,26 @@ class SavedBytes:
     full: float
 
 
-def elem_bytes(mixed_precision: bool) -> int:
-    return 2 if mixed_precision else 4
+def elem_bytes(precision: Precision) -> int:
+    """Bytes of one activation element: 4 in fp32, else 2 (fp8 training keeps activations in bf16)."""
+    return 4 if precision == "fp32" else 2
 
 
-def block_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, mixed_precision: bool,
-                      flash: bool) -> SavedBytes:
-    e = elem_bytes(mixed_precision)
+def block_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str) -> SavedBytes:
+    """Bytes one block keeps, with activations of ``e`` bytes and ``attention`` "flash" or "standard"."""
     h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_size, model.num_attention_heads
     sbh = s * b * h
     masks = 2 * sbh if model.dropout > 0 else 0
     replicated = (4 * e * sbh + masks) / (tp if sp else 1)
     mlp = (4 if model.architecture == "llama" else 2) * e * s * b * f
     split = (e * s * b * (h + 2 * kv) + e * sbh + mlp) / tp
-    if flash:
-        core = 4.0 * a * s * b / tp
+    if attention == "flash":
+        core = 4.0 * a * s * b / tp  # the kernel's fp32 log-sum-exp, one per query row and head
     else:
         core = (e + ((1 + e) if model.dropout > 0 else 0)) * a * s * s * b / tp
     none = replicated + split + core
-    return SavedBytes(none=none, selective=none - (0.0 if flash else core), full=e * sbh / (tp if sp else 1))
+    return SavedBytes(none=none, selective=none - (0.0 if attention == "flash" else core),
+                      full=e * sbh / (tp if sp else 1))
 
 
 def embedding_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool) -> float:
@@ -66,18 +67,18 @@ def embedding_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool) -
     return 8.0 * b * s + mask
 
 
-def head_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, mixed_precision: bool) -> float:
-    """Final-norm input, projection input (gathered under SP) and the fp32 log-softmax output."""
-    e = elem_bytes(mixed_precision)
+def head_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, vocab: int) -> float:
+    """Final-norm input, projection input (gathered under SP) and the fp32 log-softmax output over the
+    ``vocab`` rows (the padded vocabulary) split across TP."""
     sbh = s * b * model.hidden_size
-    return e * sbh / (tp if sp else 1) + e * sbh + 4.0 * b * s * model.vocab_size / tp
+    return e * sbh / (tp if sp else 1) + e * sbh + 4.0 * b * s * vocab / tp
 
 
-def logits_transient_bytes(model: ModelSpec, b: int, s: int, tp: int, mixed_precision: bool) -> float:
+def logits_transient_bytes(b: int, s: int, tp: int, e: int, vocab: int) -> float:
     """Logits and their gradient alive at once while the loss is differentiated (one micro-batch)."""
-    return (4.0 + elem_bytes(mixed_precision)) * b * s * model.vocab_size / tp
+    return (4.0 + e) * b * s * vocab / tp
 
 
-def stage_output_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, mixed_precision: bool) -> float:
+def stage_output_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> float:
     """Hidden states a pipeline stage sends to the next (sharded along the sequence under SP)."""
-    return elem_bytes(mixed_precision) * s * b * model.hidden_size / (tp if sp else 1)
+    return e * s * b * model.hidden_size / (tp if sp else 1)

@@ -5,7 +5,10 @@ all-reduce moves 2(n-1)/n S per device and all-gather / reduce-scatter (n-1)/n S
 (unsharded) size. Link bandwidths in a cluster profile are *bus* bandwidths (nccl-tests busbw), which
 already fold those ring factors' efficiency in, so
 
-    t = hops * latency + factor * S / busbw,    factor = 2(n-1)/n or (n-1)/n,  hops = 2(n-1) or (n-1).
+    t = base + hops * latency + factor * S / busbw,  factor = 2(n-1)/n or (n-1)/n,  hops = 2(n-1) or (n-1),
+
+which is NCCL's own ring cost model (src/graph/tuning.cc: ``baseLat`` once, ``hwLat`` per step, bytes over
+the bus bandwidth); ``base`` is the cluster's ``collective_latency_us``.
 
 Which link a group uses follows from the rank order ``tp + tp*(dp + dp*pp)`` (plan.py): consecutive
 ranks fill a node first. A group whose members span nodes with g members per node is limited by
@@ -30,17 +33,20 @@ class GroupLink:
     size: int
     bandwidth_bytes_per_s: float
     latency_s: float
+    base_latency_s: float = 0.0
+    """Fixed start-up cost of one collective on this group."""
 
 
 def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
     """Link of a group of ``size`` ranks spaced ``stride`` apart (tp: stride 1; dp: stride tp)."""
     per_node = cluster.devices_per_node
     intra = cluster.intra_node
+    base = cluster.collective_latency_us * 1e-6
     if size <= 1 or size * stride <= per_node:
-        return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6)
+        return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base)
     members_per_node = max(1, per_node // stride)
     inter_bw = min(intra.bandwidth_gb_per_s, members_per_node * cluster.inter_node.bandwidth_gb_per_s)
-    return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6)
+    return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base)
 
 
 def collective_time_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:
@@ -50,11 +56,11 @@ def collective_time_s(kind: Collective, size_bytes: float, link: GroupLink) -> f
 
 
 def collective_latency_s(kind: Collective, link: GroupLink) -> float:
-    """The alpha term: 2(n-1) hops for an all-reduce, n-1 for all-gather and reduce-scatter."""
+    """The alpha term: the start-up cost, then 2(n-1) hops for an all-reduce, n-1 for the others."""
     n = link.size
     if n <= 1:
         return 0.0
-    return (2 * (n - 1) if kind == "all_reduce" else n - 1) * link.latency_s
+    return link.base_latency_s + (2 * (n - 1) if kind == "all_reduce" else n - 1) * link.latency_s
 
 
 def collective_bandwidth_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:

@@ -65,7 +65,7 @@ def predict(workload: Workload, cluster: Cluster, training: TrainingSetup, table
     sel = sum(s.selective for s in shapes)
     full = sum(s.full for s in shapes)
     recompute_flops = (sel * w.block.selective_extra_flops + full * w.block.fwd_flops) * c.tp * microbatches_total
-    peak = cluster.device.peak_tflops(training.precision) * 1e12
+    peak = cluster.device.peak_tflops(training.activation_precision) * 1e12  # fp8: MFU against the bf16 peak
     per_gpu = model_flops / step_s / n_devices
     per_gpu_hw = (model_flops + recompute_flops) / step_s / n_devices
     memory_gib = tuple(evaluation.memory[r].total_bytes / GIB for r in sorted(evaluation.memory))

@@ -45,14 +45,15 @@ def block_fwd_flops(model: ModelSpec, b: int, s: int) -> BlockFlops:
     )
 
 
-def logits_fwd_flops(model: ModelSpec, b: int, s: int) -> float:
-    return 2.0 * b * s * model.hidden_size * model.vocab_size
+def logits_fwd_flops(model: ModelSpec, b: int, s: int, vocab: int | None = None) -> float:
+    """The output projection over ``vocab`` rows (default: the unpadded vocabulary)."""
+    return 2.0 * b * s * model.hidden_size * (vocab or model.vocab_size)
 
 
-def model_flops_per_step(model: ModelSpec, global_batch: int, s: int) -> float:
+def model_flops_per_step(model: ModelSpec, global_batch: int, s: int, vocab: int | None = None) -> float:
     """3 x forward (forward + 2 x backward) over the global batch: Korthikanti Eq. 7."""
     block = block_fwd_flops(model, global_batch, s).total
-    return 3.0 * (model.num_layers * block + logits_fwd_flops(model, global_batch, s))
+    return 3.0 * (model.num_layers * block + logits_fwd_flops(model, global_batch, s, vocab))
 
 
 def narayanan_flops_per_step(model: ModelSpec, global_batch: int, s: int) -> float:

@@ -10,7 +10,8 @@ the gradients too, stage 3 the weights too:
 
 fp32 training keeps 4 + 4 bytes and Adam's two fp32 moments (K = 8). SGD with momentum keeps one moment
 (K = 4) plus, in mixed precision, the fp32 master weights (K = 8). Offloading moves the optimizer state
-to host memory (ZeRO-Offload), leaving weights and gradients on the device.
+to host memory (ZeRO-Offload), leaving weights and gradients on the device. fp8 training keeps the same
+states as bf16: the fp8 weight casts are made on the fly each micro-batch (cost/layer_ops.py).
 """
 
 from __future__ import annotations
@@ -48,3 +49,21 @@ def state_bytes_per_param(training: TrainingSetup, zero_stage: int, dp: int, off
         gradients=grad / dp if zero_stage >= 2 else grad,
         optimizer=k / dp if zero_stage >= 1 else k,
     )
+
+
+def optimizer_step_bytes(training: TrainingSetup) -> int:
+    """Bytes per parameter the end-of-step kernels read and write (all memory-bound), as Megatron-LM's mixed
+    precision optimizer and torch's ``clip_grad_norm_`` + AdamW do them, with fp32 gradients and states:
+
+        gradient norm for clipping: read the gradient                                4
+        clipping: scale the gradients by the clip coefficient (read, write)         8   (grad_clip > 0)
+        AdamW: read gradient, master weight, momentum, variance; write the last 3    28
+        SGD with momentum: read gradient, weight, momentum; write the last two       20
+        mixed precision: the bf16/fp16 weight copy from the fp32 master (read, write) 6
+        fp16: unscale the gradients and check them for inf/nan (read, write)         8
+    """
+    clip = 4 + 8 if training.grad_clip > 0 else 0
+    update = 28 if training.optimizer == "adamw" else 20
+    copy = 6 if training.mixed_precision else 0
+    unscale = 8 if training.precision == "fp16" else 0
+    return clip + update + copy + unscale

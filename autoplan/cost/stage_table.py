@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, collective_time_s, group_link, p2p_time_s
-from autoplan.cost.model_states import state_bytes_per_param
+from autoplan.cost.model_states import optimizer_step_bytes, state_bytes_per_param
 from autoplan.cost.schedule import RankOrders, build_schedule
 from autoplan.cost.workload import LayerCost, Workload
 from autoplan.schema import Cluster, TrainingSetup
@@ -28,10 +28,6 @@ PERMILLE = 1000
 # reserved and allocated memory is 5-15% in torchtitan and MosaicML runs (formulas.md section 4); 5% here,
 # the rest is the user's --memory-margin.
 RESERVE_PERMILLE = 50
-# Adam's step reads the gradient and the fp32 master weight, momentum and variance, writes the last three
-# and the low-precision weight copy: 4 + 3 * (4 + 4) + 2 = 30 bytes per parameter (memory-bound).
-ADAM_STEP_BYTES = 30
-SGD_STEP_BYTES = 18
 
 
 @dataclass(frozen=True)
@@ -132,7 +128,7 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
         if c.offload_optimizer:  # host Adam, gradients down and weights up over PCIe
             return _ns(shard / (cluster.device.host_adam_gparams_per_s * 1e9)
                        + shard * 2 * weight_bytes / (cluster.device.host_link_gb_per_s * 1e9))
-        step_bytes = ADAM_STEP_BYTES if training.optimizer == "adamw" else SGD_STEP_BYTES
+        step_bytes = optimizer_step_bytes(training)  # memory-bound (model_states.py)
         bw = cluster.device.memory_bandwidth_gb_per_s * 1e9 * cluster.device.memory_efficiency
         return _ns(shard * step_bytes / bw)
 

@@ -40,6 +40,11 @@ class ModelSpec:
     rope_theta: float = 10000.0
     """RoPE base (llama only)."""
     norm_eps: float = 1e-5
+    make_vocab_size_divisible_by: int = 128
+    """Megatron-LM's padding rule: the embedding and output projection get ``padded_vocab_size(tp)`` rows,
+    the vocabulary rounded up to a multiple of this times the TP size, so that every TP rank holds an equal,
+    GEMM-friendly share (GPT-2's 50,257 tokens become 50,304 at tp 1 and 51,200 at tp 8). The rows past
+    ``vocab_size`` are never a target."""
 
     def __post_init__(self) -> None:
         if self.tie_embeddings is None:
@@ -54,9 +59,16 @@ class ModelSpec:
         require(self.num_attention_heads % self.num_kv_heads == 0, "num_kv_heads",
                 f"{self.num_kv_heads} must divide num_attention_heads={self.num_attention_heads}")
         require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
+        require(self.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by", "must be at least 1")
         if self.architecture == "gpt":
             require(self.num_kv_heads == self.num_attention_heads, "num_kv_heads",
                     "gpt uses multi-head attention; set num_kv_heads equal to num_attention_heads")
+
+    def padded_vocab_size(self, tp: int = 1) -> int:
+        """Rows of the embedding and the output projection at TP size ``tp`` (Megatron-LM's
+        ``_vocab_size_with_padding``: round up to a multiple of make_vocab_size_divisible_by x tp)."""
+        multiple = self.make_vocab_size_divisible_by * tp
+        return -(-self.vocab_size // multiple) * multiple
 
     @property
     def head_dim(self) -> int:

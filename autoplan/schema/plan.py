@@ -132,8 +132,6 @@ def check_fits(layout: Layout, model: ModelSpec, training: TrainingSetup, num_de
     require(kv % layout.tp == 0, "tp", f"tp={layout.tp} does not divide num_kv_heads={kv}; use a tp that divides {kv}")
     require(model.ffn_hidden_size % layout.tp == 0, "tp",
             f"tp={layout.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
-    require(layout.tp == 1 or model.vocab_size % layout.tp == 0, "tp",
-            f"tp={layout.tp} does not divide vocab_size={model.vocab_size} (the embedding is split by vocabulary)")
     last = layout.stages[-1].layers[1] if layout.stages else 0
     require(last == model.num_layers, "stages", f"stages cover {last} layers, the model has {model.num_layers}")
     require(layout.num_stages <= model.num_layers, "pp",
@@ -219,15 +217,27 @@ class Plan(Layout):
     training: TrainingSetup
     predicted: Predicted | None = None
     solver: SolverInfo | None = None
+    padded_vocab_size: int | None = None
+    """Rows of the embedding and output projection the runtime builds: ``model.padded_vocab_size(tp)``
+    (filled in when not given; a plan that gives another value is refused)."""
+
+    def __post_init__(self) -> None:
+        if self.padded_vocab_size is None:
+            object.__setattr__(self, "padded_vocab_size", self.model.padded_vocab_size(self.tp))
 
     def validate(self) -> None:
         require(self.schema_version == SCHEMA_VERSION, "schema_version",
                 f"this autoplan reads version {SCHEMA_VERSION}; re-plan with this version")
         check_fits(self, self.model, self.training, self.cluster.num_devices)
+        expected = self.model.padded_vocab_size(self.tp)
+        require(self.padded_vocab_size == expected, "padded_vocab_size",
+                f"{self.padded_vocab_size} differs from {expected}, vocab_size={self.model.vocab_size} rounded up "
+                f"to a multiple of make_vocab_size_divisible_by x tp; remove the key to recompute it")
 
     def layout(self) -> Layout:
         return Layout(**{f: getattr(self, f) for f in LAYOUT_FIELDS})
 
 
 LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(Layout))
-PLAN_KEY_ORDER = ("schema_version", *LAYOUT_FIELDS, "predicted", "solver", "model", "cluster", "training")
+PLAN_KEY_ORDER = ("schema_version", *LAYOUT_FIELDS, "padded_vocab_size", "predicted", "solver", "model", "cluster",
+                  "training")

@@ -15,12 +15,25 @@ class TrainingSetup:
     """Sequences per optimizer step, summed over data-parallel replicas and micro-batches."""
     seq_len: int
     precision: Precision = "bf16"
-    """Compute dtype. bf16/fp16 mean mixed precision with fp32 master weights; fp32 means fp32 throughout."""
+    """Compute dtype. bf16/fp16 mean mixed precision with fp32 master weights; fp32 means fp32 throughout;
+    fp8 means the linear layers' GEMMs in fp8 with per-tensor scaling (Transformer Engine / torchao style)
+    and everything else (attention, norms, activations, communication) in bf16."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     memory_margin: float = 0.1
     """Share of device memory the planner keeps free (allocator fragmentation, NCCL buffers, workspace)."""
-    flash_attention: bool = True
-    """Fused attention that keeps no s x s score matrix for backward (PyTorch SDPA flash/memory-efficient)."""
+    attention: Literal["flash", "standard"] = "flash"
+    """``flash``: a fused attention kernel that keeps no s x s scores, only q, k, v, its output and an fp32
+    log-sum-exp, and recomputes the scores in backward (FlashAttention on GPUs in bf16/fp16/fp8; in fp32 on a
+    GPU torch's memory-efficient kernel, which keeps the same; on CPU torch's flash CPU kernel). It is the
+    default everywhere, because torch's SDPA, which the runtime calls, picks such a kernel on every device.
+    ``standard``: scores, softmax and dropout as separate kernels that keep the a x s x s tensors for
+    backward (Megatron-LM 2021/2022, Korthikanti et al. Table 2)."""
+    grad_accumulation_fusion: bool = True
+    """The weight-gradient GEMM accumulates straight into the fp32 gradient buffer (Megatron-core's
+    ``gradient_accumulation_fusion``, Transformer Engine). False: each micro-batch's weight gradient is
+    written in the compute dtype and a separate kernel adds it into the fp32 buffer (Megatron-LM 2021-22's
+    ``param.main_grad.add_(param.grad)`` hook, torch's AccumulateGrad): 10 more bytes per parameter moved
+    per micro-batch."""
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction overlaps the backward pass (DDP buckets / FSDP2 do; Megatron 2021 did not)."""
     learning_rate: float = 3e-4
@@ -42,3 +55,8 @@ class TrainingSetup:
     @property
     def mixed_precision(self) -> bool:
         return self.precision != "fp32"
+
+    @property
+    def activation_precision(self) -> Precision:
+        """The dtype of activations, communication and every non-GEMM kernel (fp8 keeps those in bf16)."""
+        return "bf16" if self.precision == "fp8" else self.precision

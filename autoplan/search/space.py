@@ -1,8 +1,8 @@
 """The search space: which configurations, stage splits and recomputation choices the planner considers.
 
-Configurations (``Config``): tp divides the devices per node, the attention heads, the KV heads, the FFN
-width and the vocabulary; pp any value with tp * pp dividing the devices (dp is the rest); sequence
-parallel on/off when tp > 1; ZeRO 0-3 when dp > 1; optimizer offload with ZeRO >= 1 on GPUs; every micro-batch
+Configurations (``Config``): tp divides the devices per node, the attention heads, the KV heads and the FFN
+width (the vocabulary is padded to fit); pp any value with tp * pp dividing the devices (dp is the rest);
+sequence parallel on/off when tp > 1; ZeRO 0-3 when dp > 1; optimizer offload with ZeRO >= 1 on GPUs; every micro-batch
 size dividing the per-replica batch; GPipe, 1F1B (needs m >= pp) and interleaved 1F1B with 2 to
 ``max_virtual_stages`` stages per rank. Pins (``Pins``) fix any of these.
 
@@ -65,7 +65,7 @@ def tp_options(model, cluster: Cluster) -> list[int]:
         return [t for t in divisors(cluster.devices_per_node) if t in allowed_tp_sizes(model)]
     return [t for t in divisors(cluster.devices_per_node)
             if model.num_attention_heads % t == 0 and model.num_kv_heads % t == 0
-            and model.ffn_hidden_size % t == 0 and (t == 1 or model.vocab_size % t == 0)]
+            and model.ffn_hidden_size % t == 0]  # the vocabulary is padded to a multiple of tp (ModelSpec)
 
 
 def configs(model: ModelSpec, cluster: Cluster, training: TrainingSetup, pins: Pins,

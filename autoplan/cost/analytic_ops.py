@@ -1,0 +1,106 @@
+"""The analytic description of a ModelSpec's layers: ``LayerOps`` from the published formulas.
+
+GEMM shapes follow the Megatron layout (column-parallel q/k/v and fc1 (gate/up), row-parallel o and fc2
+(down), vocabulary-parallel embedding and head); FLOPs are flops.py's, saved bytes activations.py's
+(Korthikanti et al. 2022). The memory-bound bytes assume the element-wise ops between two GEMMs run as one
+fused kernel that reads its inputs once and writes its outputs once (what Megatron-LM's fused kernels and
+torch.compile do), per block with activations of e bytes, H = e s b h, F = e s b ffn / t and, for the
+tensors every TP rank holds in full, r = 1/t under sequence parallelism and 1 otherwise:
+
+    norm before attention        reads x, writes its output                     2 H r
+    RoPE on q and k (llama)      reads and writes q and k                       2 e s b (h + kv) / t
+    residual + norm before MLP   reads the attention output and x, writes both  4 H r
+    MLP activation               GELU: reads and writes F; SwiGLU: reads 2 F    2 F / 3 F
+    residual after the MLP       reads the MLP output and the residual, writes  3 H r
+    residual dropouts            a 1-byte mask each, written                    s b h r each
+
+The embedding gathers its rows (and adds the learned positions for gpt); the head normalises, projects
+and runs the cross-entropy over the padded vocabulary (read the logits, write the fp32 log-softmax, read it
+back for the loss). Vocabulary-parallel cross-entropy all-reduces three per-token values (max, sum of
+exponentials, target logit; Megatron's ``_VocabParallelCrossEntropy``).
+"""
+
+from __future__ import annotations
+
+from autoplan.cost import activations as act
+from autoplan.cost.activations import SavedBytes
+from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps, Message
+from autoplan.schema import ModelSpec
+
+
+def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str) -> LayerOps:
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    tokens = b * s
+    mlp_in = [Gemm(tokens, f // tp, h, count=model.mlp_matrices - 1)]  # fc1, or gate and up
+    gemms = (Gemm(tokens, h // tp, h), Gemm(tokens, kv // tp, h, count=2), Gemm(tokens, h // tp, h),
+             *mlp_in, Gemm(tokens, h, f // tp))
+    r = 1 / tp if sp else 1.0
+    hidden, ffn = e * tokens * h, e * tokens * f / tp
+    elementwise = (2 + 4 + 3) * hidden * r + (3 if model.architecture == "llama" else 2) * ffn
+    kernels = 4
+    if model.architecture == "llama":
+        elementwise += 2 * e * tokens * (h + kv) / tp
+        kernels += 1
+    if model.dropout > 0:
+        elementwise += 2 * tokens * h * r
+    fwd, bwd = block_tp_messages(hidden, sp, splits=2)
+    # norm weights (and, for gpt, the biases of the row-parallel o and fc2, added after their all-reduce)
+    # stay whole on every TP rank; everything else is split
+    replicated = 2 * h if model.architecture == "llama" else 6 * h
+    core = AttentionCore(b, model.num_attention_heads / tp, s, model.head_dim, model.dropout > 0)
+    return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
+                    elementwise_bytes=elementwise, elementwise_kernels=kernels,
+                    saved=act.block_saved_bytes(model, b, s, tp, sp, e, attention), tp_fwd=fwd, tp_bwd=bwd)
+
+
+def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+    """TP collectives of a block with ``splits`` column -> row parallel pairs (2: attention and MLP).
+
+    Without SP: one all-reduce after each pair, forward and backward. Under SP: an all-gather before and a
+    reduce-scatter after each pair, and in backward the reverse, plus the all-gather repeated for the weight
+    gradient of the column-parallel linear: SP keeps that linear's input sharded along the sequence (which
+    is what Korthikanti et al. 2022 Eq. 4 and 6 count as saved) and gathers it again in backward (their
+    section 4.2.2).
+    """
+    if not sp:
+        return (Message("all_reduce", hidden_bytes),) * splits, (Message("all_reduce", hidden_bytes),) * splits
+    forward = (Message("all_gather", hidden_bytes), Message("reduce_scatter", hidden_bytes)) * splits
+    backward = (Message("all_gather", hidden_bytes), Message("reduce_scatter", hidden_bytes),
+                Message("all_gather", hidden_bytes)) * splits
+    return forward, backward
+
+
+def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> LayerOps:
+    hidden = e * b * s * model.hidden_size
+    # gather the rows (read, write); gpt adds the learned positions (read two, write one) and drops out
+    moved = 2 * hidden + ((3 * hidden + (2 * hidden + b * s * model.hidden_size if model.dropout > 0 else 0))
+                          if model.architecture == "gpt" else 0)
+    saved = act.embedding_saved_bytes(model, b, s, tp, sp)
+    vocab = model.padded_vocab_size(tp)
+    pos = s * model.hidden_size if model.architecture == "gpt" else 0  # learned positions stay whole
+    # vocabulary-parallel lookup: partial rows combined by an all-reduce (a reduce-scatter under SP, whose
+    # backward all-gathers the gradient)
+    fwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
+    bwd = (Message("all_gather", hidden),) if sp else ()
+    return LayerOps(params=vocab * model.hidden_size / tp + pos, gemms=(), attention=None,
+                    elementwise_bytes=moved, elementwise_kernels=2, saved=SavedBytes(saved, saved, saved),
+                    tp_fwd=fwd, tp_bwd=bwd)
+
+
+def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> LayerOps:
+    vocab = model.padded_vocab_size(tp)
+    tokens, hidden = b * s, e * b * s * model.hidden_size
+    logits = tokens * vocab / tp
+    # final norm (read, write), then the loss: read the logits, write the fp32 log-softmax, read it back
+    moved = 2 * hidden / (tp if sp else 1) + (e + 8) * logits
+    saved = act.head_saved_bytes(model, b, s, tp, sp, e, vocab)
+    norm_params = 2 * model.hidden_size if model.architecture == "gpt" else model.hidden_size
+    projection = 0.0 if model.tie_embeddings else vocab * model.hidden_size / tp
+    losses = (Message("all_reduce", 4.0 * tokens),) * 3  # max, sum of exponentials, target logit (fp32)
+    # column-parallel head: under SP its input is all-gathered in forward and reduce-scattered in backward;
+    # without SP the forward needs nothing and the backward all-reduces the input gradient
+    fwd = ((Message("all_gather", hidden),) if sp else ()) + losses
+    bwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
+    return LayerOps(params=norm_params + projection, gemms=(Gemm(tokens, vocab // tp, model.hidden_size, fp8=False),),
+                    attention=None, elementwise_bytes=moved, elementwise_kernels=3,
+                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd)

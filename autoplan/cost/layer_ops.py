@@ -1,0 +1,223 @@
+"""What one layer runs, and the one builder that turns it into a ``LayerCost``.
+
+Both ways of describing a model end here: the analytic path (cost/analytic_ops.py, from a ModelSpec and
+the published formulas) and the profile path (profiler/adapter.py, from what ``autoplan profile`` traced)
+each produce ``LayerOps`` (the GEMMs with their shapes, the attention core, the memory-bound bytes, the
+saved bytes and the TP collectives of one layer for one micro-batch on one device), and ``layer_cost``
+alone prices them. So a profiled model and a spec of the same model get the same times by construction,
+and a profile plans for any precision: shapes and FLOPs do not depend on it, bytes scale with the
+element size.
+
+Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
+
+* GEMMs of the linear layers: forward on the GEMM curve of the training precision (fp8 included), backward
+  two GEMMs of the same size (input gradient and weight gradient). Under fp8 each GEMM also pays its
+  per-tensor scaling casts (``fp8_cast_bytes``), memory-bound.
+* attention core, ``flash``: one fused kernel each way at its measured curve; under a causal mask it
+  executes half the score FLOPs (FLASH_CAUSAL_FACTOR); its backward executes 2.5 x the forward's FLOPs
+  (FLASH_BACKWARD_FLOPS). Nothing to drop for selective recomputation.
+* attention core, ``standard``: the QK^T and attention-over-V batched GEMMs (a roofline: they must write
+  and read the a x s x s scores) and the softmax and dropout kernels over the scores; backward twice the
+  forward; selective recomputation reruns this forward.
+* memory-bound (element-wise) work between the GEMMs: the bytes given, backward BACKWARD_MEMORY_FACTOR x;
+  without gradient-accumulation fusion the backward also adds each weight gradient into the fp32 buffer
+  (read the gradient, read and write the buffer: e + 8 bytes per parameter, every micro-batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.cost.activations import SavedBytes
+from autoplan.cost.comm import Collective, collective_time_s, group_link
+from autoplan.cost.compute import flash_attention_time_s, matmul_time_s, memory_time_s
+from autoplan.schema import Cluster, TrainingSetup
+
+# Backward runs two GEMMs (input and weight gradient) per forward GEMM: "backward = 2 x forward".
+BACKWARD_FACTOR = 2.0
+# FlashAttention skips the score blocks above the causal diagonal, so it executes about half the score
+# FLOPs that Megatron's count (and MFU) includes (Dao 2023, FlashAttention-2, section 4.1); standard
+# attention computes all of them.
+FLASH_CAUSAL_FACTOR = 0.5
+# The flash backward recomputes the scores and runs five matmuls against the forward's two: 2.5 x the
+# forward's FLOPs, the count the FlashAttention benchmarks use (flash-attention benchmarks/, "bwd": 2.5 f).
+FLASH_BACKWARD_FLOPS = 2.5
+# The backward of an element-wise kernel reads the gradient of its output (and its saved input) and writes
+# the gradient of its input: per op, bwd/fwd bytes are 1.5 for a norm (3 against 2), GELU (3/2) and the
+# SwiGLU product (5/3 = 1.7), 1.0 for a residual add, RoPE and dropout; 1.5 for a block's mix.
+BACKWARD_MEMORY_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` GEMMs C[m, n] = A[m, k] B[k, n] (m = tokens, k = input features, n = output features)."""
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+    fp8: bool = True
+    """Whether it runs in fp8 under fp8 training (the linear layers of the blocks; not the output head)."""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True)
+class AttentionCore:
+    """The attention core of one block on one device: ``batch`` sequences of ``seq_len`` tokens, ``heads``
+    query heads (this device's share) of ``head_dim``; causal as in a decoder-only LM."""
+
+    batch: int
+    heads: float
+    seq_len: int
+    head_dim: int
+    dropout: bool
+
+    @property
+    def flops(self) -> float:
+        """QK^T and attention-over-V counted in full, 4 b s^2 h (Megatron's count, not halved for the mask)."""
+        return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.head_dim
+
+    @property
+    def score_elements(self) -> float:
+        return self.batch * self.heads * self.seq_len ** 2
+
+
+@dataclass(frozen=True)
+class Message:
+    """One TP collective on the critical path: ``kind`` over ``size_bytes`` (the full, unsharded size)."""
+
+    kind: Collective
+    size_bytes: float
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """One layer (the embedding, one block or the head) for one micro-batch on one device, after TP."""
+
+    params: float
+    """Parameters this device holds for the layer (TP shard, before any ZeRO sharding)."""
+    gemms: tuple[Gemm, ...]
+    attention: AttentionCore | None
+    elementwise_bytes: float
+    """Bytes the memory-bound kernels of the forward read and write (GEMM and attention excluded)."""
+    elementwise_kernels: int
+    saved: SavedBytes
+    tp_fwd: tuple[Message, ...] = ()
+    tp_bwd: tuple[Message, ...] = ()
+
+
+def fp8_cast_bytes(g: Gemm, e: int) -> tuple[float, float]:
+    """Bytes the per-tensor fp8 casts of one GEMM move, (forward, backward), activations of ``e`` bytes.
+
+    Forward: the input cast to fp8 (read e, write 1) and its transposed fp8 copy the weight gradient needs
+    (write 1), the weight cast (read 2, write 1); the amax reduction is fused into the cast (Transformer
+    Engine's cast-transpose). Backward: the output gradient cast with its transpose (read e, write 2) and the
+    transposed weight (read 1, write 1). Weights are re-cast every micro-batch (torchao's dynamic scaling).
+    """
+    inp, weight, out = g.m * g.k, g.k * g.n, g.m * g.n
+    return g.count * ((e + 2) * inp + 3 * weight), g.count * ((e + 2) * out + 2 * weight)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer (the embedding, one block, or the head) for one micro-batch on one device, after TP."""
+
+    params: float
+    """Parameters this device holds for the layer (TP shard, before any ZeRO sharding)."""
+    fwd_s: float
+    """Forward compute time, TP communication excluded."""
+    bwd_s: float
+    fwd_flops: float
+    """Model FLOPs of the forward on this device (Megatron's count)."""
+    saved_bytes: float
+    """Activations kept for backward without recomputation."""
+    selective_saved_bytes: float
+    full_saved_bytes: float
+    selective_extra_s: float
+    """Backward time added by selective recomputation (rerunning the attention core)."""
+    selective_extra_flops: float
+    tp_fwd_s: float
+    """TP collectives on the critical path of the forward (not overlapped, as in Megatron)."""
+    tp_bwd_s: float
+
+    @property
+    def full_extra_s(self) -> float:
+        """Full recomputation reruns the whole forward, its TP collectives included."""
+        return self.fwd_s + self.tp_fwd_s
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """A layer's kernel times, the pieces ``layer_cost`` sums (kept apart for reports and tests)."""
+
+    gemm_fwd_s: float
+    gemm_bwd_s: float
+    attention_fwd_s: float
+    attention_bwd_s: float
+    elementwise_fwd_s: float
+    elementwise_bwd_s: float
+
+
+def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> LayerTimes:
+    device, act = cluster.device, training.activation_precision
+    e = 4 if act == "fp32" else 2
+    gemm_fwd = gemm_bwd = cast_fwd = cast_bwd = 0.0
+    for g in ops.gemms:
+        precision = training.precision if g.fp8 else act
+        moved = g.count * (1 if precision == "fp8" else e) * (g.m * g.k + g.k * g.n) + g.count * e * g.m * g.n
+        t = matmul_time_s(g.flops, device, precision, calls=g.count, bytes_moved=moved)
+        gemm_fwd += t
+        gemm_bwd += BACKWARD_FACTOR * t
+        if precision == "fp8":
+            fwd, bwd = fp8_cast_bytes(g, e)
+            cast_fwd += fwd
+            cast_bwd += bwd
+    attn_fwd = attn_bwd = 0.0
+    if ops.attention is not None:
+        attn_fwd, attn_bwd = _attention_times(ops.attention, cluster, training)
+    casts = sum(g.count for g in ops.gemms if g.fp8) if training.precision == "fp8" else 0
+    elem_fwd = memory_time_s(ops.elementwise_bytes + cast_fwd, device, ops.elementwise_kernels + 2 * casts)
+    accumulate = 0.0 if training.grad_accumulation_fusion else ops.params * (e + 8)
+    elem_bwd = memory_time_s(BACKWARD_MEMORY_FACTOR * ops.elementwise_bytes + cast_bwd + accumulate, device,
+                             ops.elementwise_kernels + 2 * casts)
+    return LayerTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd)
+
+
+def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSetup) -> tuple[float, float]:
+    device, act = cluster.device, training.activation_precision
+    if training.attention == "flash":
+        executed = FLASH_CAUSAL_FACTOR * core.flops
+        return (flash_attention_time_s(executed, core.seq_len, device, act, "fwd"),
+                flash_attention_time_s(FLASH_BACKWARD_FLOPS * executed, core.seq_len, device, act, "bwd"))
+    e = 4 if act == "fp32" else 2
+    scores = core.score_elements
+    qkv = e * core.batch * core.heads * core.seq_len * core.head_dim  # q (or k, v, the output) bytes
+    # QK^T reads q, k and writes the scores; attention-over-V reads the probabilities and v, writes the output
+    gemms = (matmul_time_s(core.flops / 2, device, act, bytes_moved=2 * qkv + e * scores)
+             + matmul_time_s(core.flops / 2, device, act, bytes_moved=2 * qkv + e * scores))
+    # softmax reads and writes the scores; dropout reads them, writes them and a 1-byte mask
+    moved = 2 * e * scores + ((2 * e + 1) * scores if core.dropout else 0)
+    fwd = gemms + memory_time_s(moved, device, kernels=2 if core.dropout else 1)
+    return fwd, BACKWARD_FACTOR * fwd
+
+
+def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, tp: int) -> LayerCost:
+    """The one builder: ``LayerOps`` -> ``LayerCost`` on ``cluster`` (TP collectives on its TP group link)."""
+    t = layer_times(ops, cluster, training)
+    link = group_link(cluster, tp, 1)
+    tp_fwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_fwd) if tp > 1 else 0.0
+    tp_bwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_bwd) if tp > 1 else 0.0
+    standard = ops.attention is not None and training.attention == "standard"
+    return LayerCost(
+        params=ops.params,
+        fwd_s=t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s,
+        bwd_s=t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s,
+        fwd_flops=sum(g.flops for g in ops.gemms) + (ops.attention.flops if ops.attention else 0.0),
+        saved_bytes=ops.saved.none, selective_saved_bytes=ops.saved.selective, full_saved_bytes=ops.saved.full,
+        selective_extra_s=t.attention_fwd_s if standard else 0.0,
+        selective_extra_flops=ops.attention.flops if standard else 0.0,
+        tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
+    )
