@@ -10,23 +10,32 @@ from autoplan.cost.estimate import WorkloadFn
 from autoplan.cost.workload import analytic_workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
+from autoplan.schema.hf_config import is_hf_config, spec_from_hf_config
 from autoplan.schema.profile import ModelProfile, is_profile_file, load_profile
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="shipped model name (e.g. llama3-8b), a model spec YAML, or a profile YAML "
-                   "written by autoplan profile")
+    p.add_argument("model", help="shipped model name (e.g. llama3-8b), a model spec YAML, a Hugging Face "
+                   "config.json of a llama, mistral or gpt2 model, or a profile YAML written by autoplan profile")
     p.add_argument("--cluster", required=True, help="shipped cluster name (e.g. dgx-h100-80gb) or path")
     p.add_argument("--nodes", type=int, help="override the cluster's num_nodes")
     p.add_argument("--devices-per-node", type=int, help="override the cluster's devices_per_node")
     p.add_argument("--global-batch-size", type=int, required=True, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's seq_len)")
-    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"],
-                   help="default: bf16 mixed precision on GPUs, fp32 on CPU")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp32", "fp8"],
+                   help="default: bf16 mixed precision on GPUs, fp32 on CPU; fp8: linear layers in fp8 with "
+                   "per-tensor scaling, the rest in bf16 (GPUs with fp8 tensor cores)")
+    p.add_argument("--attention", choices=["flash", "standard"], default="flash",
+                   help="flash (default): a fused kernel that keeps no s x s scores; standard: separate score, "
+                   "softmax and dropout kernels that keep them (Megatron-LM 2021/2022)")
+    p.add_argument("--make-vocab-size-divisible-by", type=int,
+                   help="pad the vocabulary to a multiple of this x tp, as Megatron-LM does (default: the "
+                   "model's, 128)")
+    p.add_argument("--no-grad-accumulation-fusion", dest="grad_accumulation_fusion", action="store_false",
+                   help="each micro-batch's weight gradients are added into the fp32 buffer by a separate "
+                   "kernel (Megatron-LM 2021-22, torch AccumulateGrad) instead of inside the GEMM")
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     p.add_argument("--memory-margin", type=float, default=0.1, help="share of device memory kept free (0.1)")
-    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
-                   help="plan for attention that stores the s x s scores (Megatron-LM 2021/2022)")
     p.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
                    help="data-parallel gradient reduction after the backward instead of overlapped with it")
     p.add_argument("--rescale-profile", action="store_true",
@@ -60,19 +69,37 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
     for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", "tp", "pp", "dp", "virtual_stages",
                  "micro_batch_size"):
         positive(name.replace("_", "-"), getattr(args, name, None))
-    is_profile = Path(args.model).is_file() and is_profile_file(args.model)
-    model = load_profile(args.model) if is_profile else load_model(args.model)
+    model = load_any_model(args.model)
+    if args.make_vocab_size_divisible_by is not None:
+        positive("make-vocab-size-divisible-by", args.make_vocab_size_divisible_by)
+        if not isinstance(model, ModelSpec):
+            raise SpecError("--make-vocab-size-divisible-by: a profile pads as Megatron-LM does by default (128); "
+                            "give the option with a model spec or config")
+        model = dataclasses.replace(model, make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
     default_seq = model.seq_len if isinstance(model, ModelSpec) else (model.seq_len or 1)
     cluster = load_cluster(args.cluster)
     overrides = {k: v for k, v in (("num_nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
     cluster = dataclasses.replace(cluster, **overrides)
     precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
+    if precision == "fp8" and cluster.device.peak_fp8_tflops <= 0:
+        raise SpecError(f"--precision fp8: {cluster.device.name} has no fp8 tensor cores (its profile's "
+                        "peak_fp8_tflops is 0); use bf16, or an H100/H200/H800/B200 cluster")
     if not 0 <= args.memory_margin < 1:
         raise SpecError(f"--memory-margin: must be in [0, 1), got {args.memory_margin}")
     training = TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or default_seq,
                              precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
-                             flash_attention=args.flash_attention, overlap_grad_reduce=args.overlap_grad_reduce)
+                             attention=args.attention, grad_accumulation_fusion=args.grad_accumulation_fusion,
+                             overlap_grad_reduce=args.overlap_grad_reduce)
     return model, cluster, training
+
+
+def load_any_model(arg: str) -> ModelSpec | ModelProfile:
+    """A profile file, a Hugging Face config.json (mapped onto a ModelSpec), or a spec / shipped name."""
+    if Path(arg).is_file() and is_profile_file(arg):
+        return load_profile(arg)
+    if is_hf_config(arg):
+        return spec_from_hf_config(arg)
+    return load_model(arg)
 
 
 def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: TrainingSetup,
@@ -89,11 +116,12 @@ def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: Tra
 
 
 def runnable_spec(model: ModelSpec | ModelProfile) -> ModelSpec | None:
-    """The ModelSpec a plan file embeds: the model itself, or the shipped model / spec a profile was made
-    from; None for a profile of a model the runtime cannot build (a user module, an HF config)."""
+    """The ModelSpec a plan file embeds: the model itself, or the shipped model / spec / Hugging Face config
+    a profile was made from (a llama, mistral or gpt2 config maps onto a spec); None for a profile of a
+    model the runtime cannot build (a user module, another architecture)."""
     if isinstance(model, ModelSpec):
         return model
     try:
-        return load_model(model.source)
+        return spec_from_hf_config(model.source) if is_hf_config(model.source) else load_model(model.source)
     except SpecError:
         return None

@@ -21,7 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="fp32", help="fp32, bf16 or fp16 (default fp32)")
     p.add_argument("--micro-batch-sizes", default="1", help="comma-separated, e.g. 1,2 (default 1)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
-    p.add_argument("--tp-sizes", default="1", help="comma-separated TP sizes to shard blocks at, e.g. 1,2,4")
+    p.add_argument("--tp-sizes", default="1,2,4,8",
+                   help="comma-separated TP sizes to shard blocks at (default 1,2,4,8; sizes a block does not "
+                   "shard at are skipped), so that one profile plans for every TP size the model allows")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per block shape (median; default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

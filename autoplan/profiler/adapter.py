@@ -3,54 +3,62 @@
 The planner calls ``check_profile(profile, cluster, training, rescale)`` once, then uses
 ``profile_workload_fn(profile, cluster, training, rescale)`` wherever it would use ``analytic_workload``:
 it returns the same ``(micro_batch_size, tp, sequence_parallel) -> Workload`` callable that
-``autoplan.cost.estimate.WorkloadFn`` describes.
+``autoplan.cost.estimate.WorkloadFn`` describes. Like the analytic path it describes each layer as
+``LayerOps`` (GEMM shapes, attention core, memory-bound bytes, saved bytes, TP collectives) and leaves the
+pricing to the one builder, ``cost.workload.build_workload``: so a profile of a model and a spec of it
+get the same kernel model.
 
-Where each field comes from, per block (the planner treats blocks as identical, so each quantity is the
-largest over the profile's blocks):
+Where each field comes from, per block (the planner treats blocks as identical; it takes the block with
+the most FLOPs, and each byte count's largest value over the blocks):
 
-* params, FLOPs, saved bytes at TP size t: the profile's meta-traced TP shard at t. For a t that was not
-  profiled, each quantity Q is split as Q(t) = R + P/t, with the split part P = (Q1 - Qu)·u/(u - 1) solved
-  from the largest profiled shard u (exact for TP, where every term is either replicated or split).
-  Sequence parallelism also splits the replicated part (norm inputs, residuals): saved = Q1 / t
-  (Korthikanti Eq. 4).
-* micro-batch sizes that were not profiled: scaled linearly from the nearest profiled size (FLOPs and
-  bytes are exactly linear in b; times nearly so once b s is large).
-* forward/backward time: the measured times when the profile was measured on the plan's device. A meta
-  profile, or a real one with ``rescale``, is timed on the target device's model instead: the traced
-  FLOPs at the device's matmul efficiency, plus the bytes it writes (every saved tensor and the output)
-  at its memory bandwidth; backward = BACKWARD_FACTOR x forward.
+* precision: shapes and FLOPs do not depend on it; every activation byte count (saved, output,
+  memory-bound) scales from the profile's dtype to the plan's activation dtype (2 bytes for bf16/fp16/fp8,
+  4 for fp32), so one profile plans for any precision.
+* TP size t: the profile's meta-traced shard at t. For a t that was not profiled, each byte count Q is split
+  as Q(t) = R + P/t with the split part P = (Q1 - Qu)·u/(u - 1) solved from the largest profiled shard u
+  (exact for TP, where every term is either replicated or split), and each GEMM dimension and the heads
+  that shrink from tp 1 to u are divided by t. Sequence parallelism also splits the replicated part
+  (norm inputs, residuals): Q1 / t (Korthikanti Eq. 4).
+* micro-batch sizes that were not profiled: scaled linearly from the nearest profiled size (FLOPs, bytes,
+  GEMM rows and attention batch are exactly linear in b).
+* forward/backward time: the measured times when the profile was measured on the plan's device in the
+  plan's activation dtype; otherwise the builder's kernel model.
 * recomputation: the profile's attention is flash (measured flash kernels or flash-emulated), so
-  selective recomputation frees nothing and costs nothing (as ``analytic_workload`` does with flash);
-  full recomputation keeps the block input (its output bytes).
-* TP communication: one all-reduce per TP split (all-gather + reduce-scatter under SP) of the block's
-  output, forward and backward, as in ``analytic_workload``.
-* embedding and head: vocabulary-parallel under TP (params, FLOPs and the head's saved bytes / t), which
-  is what the runtime's TP plan does for an embedding table and an output projection.
+  selective recomputation frees nothing and costs nothing; full recomputation keeps the block input.
+* TP communication: per TP split of the block what ``analytic_ops.block_tp_messages`` gives a spec's block.
+* embedding and head: vocabulary-parallel under TP, the head's output projection padded as Megatron pads
+  (``MEGATRON_VOCAB_DIVISOR`` x tp rows), with the vocabulary-parallel cross-entropy the trace of a bare
+  forward does not contain (the same terms ``analytic_ops.head_ops`` uses).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from autoplan.cost import activations as act
-from autoplan.cost.comm import collective_time_s, group_link
-from autoplan.cost.compute import matmul_time_s, memory_time_s
-from autoplan.cost.workload import BACKWARD_FACTOR, LayerCost, Workload
+from autoplan.cost.activations import SavedBytes, elem_bytes
+from autoplan.cost.analytic_ops import block_tp_messages
+from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps, Message
+from autoplan.cost.workload import Workload, build_workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, TrainingSetup
-from autoplan.schema.profile import LayerMeasurement, LayerProfile, ModelProfile
+from autoplan.schema.model import MEGATRON_VOCAB_DIVISOR
+from autoplan.schema.profile import AttentionShape, GemmShape, LayerMeasurement, LayerProfile, ModelProfile
 
 
 @dataclass(frozen=True)
 class _Shape:
-    """One layer's quantities at one (micro-batch, tp) after interpolation."""
+    """One layer's quantities at one (micro-batch, tp) after interpolation, at the profile's dtype."""
 
     params: float
     fwd_flops: float
     saved_bytes: float
     output_bytes: float
+    elementwise_bytes: float
+    kernels: int
+    gemms: tuple[GemmShape, ...]
+    attention: AttentionShape | None
     fwd_s: float | None
     bwd_s: float | None
 
@@ -58,21 +66,19 @@ class _Shape:
 def check_profile(profile: ModelProfile, cluster: Cluster, training: TrainingSetup, rescale: bool = False) -> bool:
     """Refuse a profile that does not fit the plan; return whether its measured times are used.
 
-    SpecError when the dtype or the sequence length differ from the training setup (bytes and FLOPs would
-    be wrong, and no rescaling fixes that), and when the profile was measured on another kind or model of
+    SpecError when the sequence length differs from the training setup (attention FLOPs and bytes would be
+    wrong, and no rescaling fixes that), and when the profile was measured on another kind or model of
     device than ``cluster.device`` unless ``rescale`` (``--rescale-profile``) is given, in which case the
-    times are re-derived for the target device from the traced FLOPs and bytes.
+    times are re-derived for the target device from the traced shapes and bytes. A profile made in another
+    dtype plans fine (bytes are rescaled), but its measured times are then not used.
     """
-    if profile.dtype != training.precision:
-        raise SpecError(f"{profile.name}: profile dtype {profile.dtype} differs from training precision "
-                        f"{training.precision}; re-run autoplan profile --dtype {training.precision}")
     if profile.seq_len is not None and profile.seq_len != training.seq_len:
         raise SpecError(f"{profile.name}: profiled at seq_len {profile.seq_len}, training uses {training.seq_len}; "
                         f"re-run autoplan profile --seq-len {training.seq_len}")
     if profile.device == "meta":
         return False  # nothing was timed: times always come from the target device's model
     if device_matches(profile, cluster):
-        return not rescale
+        return not rescale and profile.dtype == training.activation_precision
     if rescale:
         return False
     raise SpecError(f"{profile.name}: profile was measured on {profile.device} ({profile.device_name}) but the plan "
@@ -108,51 +114,95 @@ def profile_workload(profile: ModelProfile, cluster: Cluster, training: Training
         raise SpecError(f"{profile.name}: the profile has no blocks to place in pipeline stages")
     if tp > 1 and any(not layer.tp_splits for layer in blocks):
         raise SpecError(f"tp: {profile.name} has blocks without TP splits; plan with tp=1")
-    block = _largest([_block_shape(layer, b, tp) for layer in blocks])
-    e = act.elem_bytes(training.mixed_precision)
-    hidden_bytes = block.output_bytes
-    link = group_link(cluster, tp, 1)
-
-    def comm(kind: str) -> float:
-        return collective_time_s(kind, hidden_bytes, link) if tp > 1 else 0.0
-
-    per_split = comm("all_gather") + comm("reduce_scatter") if sp else comm("all_reduce")
-    splits = max(len(layer.tp_splits) for layer in blocks)
-    block_saved = max(_at(layer, b).saved_activation_bytes for layer in blocks) / tp if sp else block.saved_bytes
-    embedding = _edge_cost(profile.layer("embedding"), b, tp, cluster, training, use_measured_times,
-                           comm("reduce_scatter" if sp else "all_reduce"), 0.0, divide_saved=False)
-    head = _edge_cost(profile.layer("head"), b, tp, cluster, training, use_measured_times,
-                      comm("all_gather") if sp else 0.0, comm("reduce_scatter" if sp else "all_reduce"),
-                      divide_saved=True)
-    head_out = _at(profile.layer("head"), b).output_bytes if profile.layer("head") else 0
-    return Workload(
-        micro_batch_size=b, seq_len=training.seq_len, tp=tp, sequence_parallel=sp, num_layers=len(blocks),
-        embedding=embedding,
-        block=_cost(block, block_saved, hidden_bytes / (tp if sp else 1), cluster, training, use_measured_times,
-                    splits * per_split, splits * per_split),
-        head=head,
-        tied_copy_params=profile.tied_params / tp,
-        output_bytes=hidden_bytes / (tp if sp else 1),
-        # logits and their gradient: fp32 log-softmax plus the logits in the compute dtype, vocab-split
-        logits_transient_bytes=(4.0 + e) * (head_out / _elem(profile.dtype)) / tp,
-    )
+    e = elem_bytes(training.activation_precision)
+    r = e / elem_bytes(profile.dtype)  # activation bytes: profile dtype -> plan dtype
+    shapes = [_block_shape(layer, b, tp) for layer in blocks]
+    block = max(shapes, key=lambda x: x.fwd_flops)
+    saved = max(x.saved_bytes for x in shapes) * r
+    elementwise = max(x.elementwise_bytes for x in shapes) * r
+    if sp:  # SP splits the replicated part too: the unsplit quantity / tp
+        full = [_block_shape(layer, b, 1) for layer in blocks]
+        saved = max(x.saved_bytes for x in full) * r / tp
+        elementwise = max(x.elementwise_bytes for x in full) * r / tp
+    hidden = block.output_bytes * r
+    input_bytes = hidden / (tp if sp else 1)
+    fwd, bwd = block_tp_messages(hidden, sp, splits=max(len(layer.tp_splits) for layer in blocks))
+    block_ops = LayerOps(
+        params=block.params, gemms=_gemms(block.gemms), attention=_core(block.attention),
+        elementwise_bytes=elementwise, elementwise_kernels=block.kernels,
+        saved=SavedBytes(saved, saved, input_bytes), tp_fwd=fwd, tp_bwd=bwd)
+    embedding, head, logits = _edge_ops(profile, b, tp, sp, r, e, hidden)
+    workload = build_workload(
+        embedding, block_ops, head, num_layers=len(blocks), micro_batch_size=b, tp=tp, sp=sp, cluster=cluster,
+        training=training, tied_copy_params=_tied(profile, tp), output_bytes=input_bytes,
+        logits_transient_bytes=(4.0 + e) * logits)
+    if use_measured_times and block.fwd_s is not None and block.bwd_s is not None:
+        workload = replace(workload, block=replace(workload.block, fwd_s=block.fwd_s, bwd_s=block.bwd_s))
+    return workload
 
 
-def _elem(dtype: str) -> int:
-    return 4 if dtype == "fp32" else 2
+def _tied(profile: ModelProfile, tp: int) -> float:
+    """The tied output projection a last stage keeps a copy of: vocab-parallel, padded like the table."""
+    if not profile.tied_params or not profile.hidden_size:
+        return profile.tied_params / tp
+    vocab = profile.tied_params // profile.hidden_size
+    multiple = MEGATRON_VOCAB_DIVISOR * tp
+    return -(-vocab // multiple) * multiple * profile.hidden_size / tp
 
 
-def _largest(shapes: list[_Shape]) -> _Shape:
-    """Each quantity's largest value over the blocks (a time is None if any block lacks it)."""
-    def top(values: list) -> float | None:
-        return None if any(v is None for v in values) else max(values)
-    return _Shape(*(top([getattr(s, f) for s in shapes]) for f in ("params", "fwd_flops", "saved_bytes",
-                                                                   "output_bytes", "fwd_s", "bwd_s")))
+def _gemms(shapes: tuple[GemmShape, ...], fp8: bool = True) -> tuple[Gemm, ...]:
+    return tuple(Gemm(g.m, g.n, g.k, g.count, fp8=fp8) for g in shapes)
 
 
-def _at(layer: LayerProfile | None, b: int) -> LayerMeasurement:
+def _core(a: AttentionShape | None) -> AttentionCore | None:
+    return None if a is None else AttentionCore(1, a.batch_heads, a.seq_len, a.head_dim, dropout=False)
+
+
+def _edge_ops(profile: ModelProfile, b: int, tp: int, sp: bool, r: float, e: int,
+              hidden: float) -> tuple[LayerOps, LayerOps, float]:
+    """The embedding and the head as LayerOps, and the head's logits per device (padded vocabulary / tp)."""
+    empty = LayerOps(0.0, (), None, 0.0, 0, SavedBytes(0.0, 0.0, 0.0))
+    emb_layer, head_layer = profile.layer("embedding"), profile.layer("head")
+    hidden_size = profile.hidden_size or 0
+    tokens = b * (profile.seq_len or 1)
+    vocab = round(_at(head_layer, b).output_bytes / elem_bytes(profile.dtype) / tokens) if head_layer else 0
+    multiple = MEGATRON_VOCAB_DIVISOR * tp
+    padded = -(-vocab // multiple) * multiple
+
+    def vocab_parallel(params: float) -> float:
+        """A table of vocab x hidden (plus, e.g., learned positions, kept whole) at the padded size / tp."""
+        table = vocab * hidden_size
+        return params - table + padded * hidden_size / tp if 0 < table <= params else params / tp
+
+    embedding = empty
+    if emb_layer is not None:
+        m = _at(emb_layer, b)
+        saved = float(m.saved_activation_bytes)
+        embedding = LayerOps(
+            params=vocab_parallel(emb_layer.params), gemms=(), attention=None,
+            elementwise_bytes=m.elementwise_bytes * r, elementwise_kernels=max(1, m.elementwise_kernels),
+            saved=SavedBytes(saved, saved, saved),
+            tp_fwd=(Message("reduce_scatter" if sp else "all_reduce", hidden),) if tp > 1 else (),
+            tp_bwd=(Message("all_gather", hidden),) if sp and tp > 1 else ())
+    if head_layer is None:
+        return embedding, empty, 0.0
+    m = _at(head_layer, b)
+    gemms = tuple(Gemm(g.m, padded // tp if g.n == vocab else g.n, g.k, g.count, fp8=False) for g in m.gemms)
+    logits = tokens * padded / tp
+    saved = m.saved_activation_bytes * r + 4.0 * logits  # + the fp32 log-softmax of the loss
+    norm = m.elementwise_bytes * r / (tp if sp else 1)
+    losses = (Message("all_reduce", 4.0 * tokens),) * 3  # max, sum of exponentials, target logit
+    head = LayerOps(
+        params=vocab_parallel(head_layer.params) if head_layer.params >= vocab * hidden_size else head_layer.params,
+        gemms=gemms, attention=None, elementwise_bytes=norm + (e + 8) * logits,
+        elementwise_kernels=max(1, m.elementwise_kernels) + 2, saved=SavedBytes(saved, saved, saved),
+        tp_fwd=((Message("all_gather", hidden),) if sp else ()) + losses if tp > 1 else (),
+        tp_bwd=(Message("reduce_scatter" if sp else "all_reduce", hidden),) if tp > 1 else ())
+    return embedding, head, logits
+
+
+def _at(layer: LayerProfile, b: int) -> LayerMeasurement:
     """The measurement at micro-batch ``b``, scaled linearly from the nearest profiled size if needed."""
-    assert layer is not None
     nearest = min(layer.measurements, key=lambda m: (abs(m.micro_batch_size - b), -m.micro_batch_size))
     if nearest.micro_batch_size == b:
         return nearest
@@ -160,71 +210,71 @@ def _at(layer: LayerProfile | None, b: int) -> LayerMeasurement:
 
     def scale(v):
         return None if v is None else v * k
+
+    def ops(x) -> dict:
+        return dict(gemms=tuple(replace(g, m=round(g.m * k)) for g in x.gemms),
+                    attention=replace(x.attention, batch_heads=round(x.attention.batch_heads * k))
+                    if x.attention else None,
+                    attention_flops=round(x.attention_flops * k), elementwise_bytes=round(x.elementwise_bytes * k),
+                    elementwise_kernels=x.elementwise_kernels)
     return LayerMeasurement(
         micro_batch_size=b, fwd_flops=round(nearest.fwd_flops * k),
         saved_activation_bytes=round(nearest.saved_activation_bytes * k), output_bytes=round(nearest.output_bytes * k),
         fwd_time_s=scale(nearest.fwd_time_s), bwd_time_s=scale(nearest.bwd_time_s),
-        tp_shards=tuple(type(s)(tp=s.tp, params=s.params, fwd_flops=round(s.fwd_flops * k),
+        tp_shards=tuple(replace(s, fwd_flops=round(s.fwd_flops * k),
                                 saved_activation_bytes=round(s.saved_activation_bytes * k),
-                                fwd_time_s=scale(s.fwd_time_s), bwd_time_s=scale(s.bwd_time_s))
-                        for s in nearest.tp_shards))
+                                fwd_time_s=scale(s.fwd_time_s), bwd_time_s=scale(s.bwd_time_s), **ops(s))
+                        for s in nearest.tp_shards), **ops(nearest))
 
 
 def _block_shape(layer: LayerProfile, b: int, tp: int) -> _Shape:
     m = _at(layer, b)
-    full = _Shape(layer.params, m.fwd_flops, m.saved_activation_bytes, m.output_bytes, m.fwd_time_s, m.bwd_time_s)
     if tp == 1:
-        return full
+        return _Shape(layer.params, m.fwd_flops, m.saved_activation_bytes, m.output_bytes, m.elementwise_bytes,
+                      m.elementwise_kernels, m.gemms, m.attention, m.fwd_time_s, m.bwd_time_s)
     shard = m.shard(tp)
     if shard is not None:
         return _Shape(shard.params, shard.fwd_flops, shard.saved_activation_bytes, m.output_bytes,
+                      shard.elementwise_bytes, shard.elementwise_kernels, shard.gemms, shard.attention,
                       shard.fwd_time_s, shard.bwd_time_s)
     if not m.tp_shards:
         raise SpecError(f"tp: the profile of {layer.name} has no TP shards; re-run autoplan profile --tp-sizes 1,{tp}")
     u = max(m.tp_shards, key=lambda s: s.tp)
 
-    def split(q1: float, qu: float | None) -> float | None:
-        if qu is None:
+    def split(q1: float | None, qu: float | None) -> float | None:
+        if q1 is None or qu is None:
             return None
         part = (q1 - qu) * u.tp / (u.tp - 1)
         return q1 - part + part / tp
     return _Shape(split(layer.params, u.params), split(m.fwd_flops, u.fwd_flops),
                   split(m.saved_activation_bytes, u.saved_activation_bytes), m.output_bytes,
-                  split(m.fwd_time_s, u.fwd_time_s) if m.fwd_time_s is not None else None,
-                  split(m.bwd_time_s, u.bwd_time_s) if m.bwd_time_s is not None else None)
+                  split(m.elementwise_bytes, u.elementwise_bytes), m.elementwise_kernels,
+                  _split_gemms(m.gemms, u.gemms, u.tp, tp, layer.name), _split_attention(m.attention, u.attention, u.tp, tp),
+                  split(m.fwd_time_s, u.fwd_time_s), split(m.bwd_time_s, u.bwd_time_s))
 
 
-def _times(shape: _Shape, saved_bytes: float, cluster: Cluster, training: TrainingSetup,
-           use_measured: bool) -> tuple[float, float]:
-    if use_measured and shape.fwd_s is not None and shape.bwd_s is not None:
-        return shape.fwd_s, shape.bwd_s
-    # the forward writes each tensor it keeps for backward and its output at least once: its memory-bound part
-    fwd = (matmul_time_s(shape.fwd_flops, cluster.device, training.precision)
-           + memory_time_s(saved_bytes + shape.output_bytes, cluster.device))
-    return fwd, BACKWARD_FACTOR * fwd
+def _split_gemms(full: tuple[GemmShape, ...], shard: tuple[GemmShape, ...], u: int, tp: int,
+                 name: str) -> tuple[GemmShape, ...]:
+    """The GEMMs at an unprofiled tp: call by call, each dimension that shrank u-fold at tp u is divided by
+    tp (the column linears' n, the row linears' k)."""
+    flat_full = [(g.m, g.n, g.k) for g in full for _ in range(g.count)]
+    flat_shard = [(g.m, g.n, g.k) for g in shard for _ in range(g.count)]
+    if len(flat_full) != len(flat_shard):
+        raise SpecError(f"tp: the GEMMs of {name} at tp {u} do not pair with those at tp 1; "
+                        f"re-run autoplan profile --tp-sizes 1,{tp}")
+    return tuple(GemmShape(*(a // tp if a != b else a for a, b in zip(f, sh))) for f, sh in zip(flat_full, flat_shard))
 
 
-def _cost(shape: _Shape, saved_bytes: float, input_bytes: float, cluster: Cluster, training: TrainingSetup,
-          use_measured: bool, tp_fwd_s: float, tp_bwd_s: float) -> LayerCost:
-    fwd_s, bwd_s = _times(shape, saved_bytes, cluster, training, use_measured)
-    return LayerCost(params=shape.params, fwd_s=fwd_s, bwd_s=bwd_s, fwd_flops=shape.fwd_flops,
-                     saved_bytes=saved_bytes, selective_saved_bytes=saved_bytes, full_saved_bytes=input_bytes,
-                     selective_extra_s=0.0, selective_extra_flops=0.0, tp_fwd_s=tp_fwd_s, tp_bwd_s=tp_bwd_s)
-
-
-def _edge_cost(layer: LayerProfile | None, b: int, tp: int, cluster: Cluster, training: TrainingSetup,
-               use_measured: bool, tp_fwd_s: float, tp_bwd_s: float, divide_saved: bool) -> LayerCost:
-    if layer is None:
-        return LayerCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    m = _at(layer, b)
-    saved = m.saved_activation_bytes / (tp if divide_saved else 1)
-    shape = _Shape(layer.params / tp, m.fwd_flops / tp, saved, m.output_bytes, m.fwd_time_s, m.bwd_time_s)
-    return _cost(shape, saved, saved, cluster, training, use_measured, tp_fwd_s, tp_bwd_s)
+def _split_attention(full: AttentionShape | None, shard: AttentionShape | None, u: int,
+                     tp: int) -> AttentionShape | None:
+    if full is None or shard is None or shard.batch_heads == full.batch_heads:
+        return full
+    return replace(full, batch_heads=max(1, full.batch_heads // tp))
 
 
 def allowed_tp_sizes(profile: ModelProfile) -> tuple[int, ...]:
     """TP sizes the profile shows every block can be sharded at (1 always): what the planner may try in
-    place of ``check_fits``'s head/ffn/vocab divisibility rules, which need a ModelSpec."""
+    place of ``check_fits``'s head/ffn divisibility rules, which need a ModelSpec."""
     sizes = {1}
     blocks = profile.blocks
     if blocks and all(layer.tp_splits for layer in blocks):

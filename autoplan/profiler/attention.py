@@ -12,12 +12,16 @@ The profile records this as ``attention_memory: flash-emulated``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
+
+
+SdpaListener = Callable[[bool, torch.Tensor, torch.Tensor], None]
+"""(entering, q, k): called around the math of each emulated SDPA call, so a tracer can tell its ops apart."""
 
 
 class FlashEmulatedSDPA(torch.autograd.Function):
@@ -30,9 +34,13 @@ class FlashEmulatedSDPA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, kwargs):  # type: ignore[override]
+    def forward(ctx, q, k, v, kwargs, listener):  # type: ignore[override]
+        if listener is not None:
+            listener(True, q, k)
         with torch.no_grad():
             out = torch.empty_like(q).copy_(_ORIGINAL_SDPA(q, k, v, **kwargs))
+        if listener is not None:
+            listener(False, q, k)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -40,22 +48,24 @@ class FlashEmulatedSDPA(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         q, k, v, _, _ = ctx.saved_tensors  # meta only: shapes are all backward needs to produce
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, None
 
 
-def _flash_emulated(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                    enable_gqa=False):
-    kwargs = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                  enable_gqa=enable_gqa)
-    if not torch.is_grad_enabled() or not (query.requires_grad or key.requires_grad or value.requires_grad):
-        return _ORIGINAL_SDPA(query, key, value, **kwargs)
-    return FlashEmulatedSDPA.apply(query, key, value, kwargs)
+def _emulated(listener: SdpaListener | None):
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        kwargs = dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                      enable_gqa=enable_gqa)
+        if not torch.is_grad_enabled() or not (query.requires_grad or key.requires_grad or value.requires_grad):
+            return _ORIGINAL_SDPA(query, key, value, **kwargs)
+        return FlashEmulatedSDPA.apply(query, key, value, kwargs, listener)
+    return sdpa
 
 
 @contextlib.contextmanager
-def flash_emulated_sdpa() -> Iterator[None]:
-    """Replace ``F.scaled_dot_product_attention`` (and ``torch.nn.functional``'s alias) while tracing."""
-    F.scaled_dot_product_attention = _flash_emulated
+def flash_emulated_sdpa(listener: SdpaListener | None = None) -> Iterator[None]:
+    """Replace ``F.scaled_dot_product_attention`` (and ``torch.nn.functional``'s alias) while tracing;
+    ``listener`` hears each call (trace.py uses it to price the call as one attention kernel)."""
+    F.scaled_dot_product_attention = _emulated(listener)
     try:
         yield
     finally:

@@ -26,11 +26,14 @@ from autoplan.errors import SpecError
 from autoplan.profiler.attention import flash_emulated_sdpa
 from autoplan.profiler.blocks import block_signature, find_blocks
 from autoplan.profiler.load import LoadedModel, load_model
+from autoplan.profiler.op_classes import SegmentOps, index_trace, segment_ops
 from autoplan.profiler.shard import sharded_copy
 from autoplan.profiler.timing import BlockTiming, materialize, real_inputs, time_block
 from autoplan.profiler.tpsplit import find_tp_splits
 from autoplan.profiler.trace import EMBEDDING, HEAD, Trace, call_with, trace_forward
-from autoplan.schema.profile import LayerMeasurement, LayerProfile, ModelProfile, TpShard, TpSplit
+from autoplan.schema.profile import (
+    AttentionShape, GemmShape, LayerMeasurement, LayerProfile, ModelProfile, TpShard, TpSplit,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 META = torch.device("meta")
@@ -42,7 +45,7 @@ class ProfileOptions:
     dtype: str = "fp32"
     micro_batch_sizes: tuple[int, ...] = (1,)
     seq_len: int | None = None
-    tp_sizes: tuple[int, ...] = (1,)
+    tp_sizes: tuple[int, ...] = (1, 2, 4, 8)
     warmup: int = 2
     repeats: int = 5
     progress: bool = True
@@ -102,8 +105,7 @@ def _check_device(name: str) -> torch.device:
 
 def _trace_model(loaded: LoadedModel, blocks: list[tuple[str, nn.Module]], b: int) -> Trace:
     batch = loaded.make_batch(b, META)
-    with flash_emulated_sdpa():
-        trace, _ = trace_forward(loaded.model, blocks, lambda: call_with(loaded.model, batch))
+    trace, _ = trace_forward(loaded.model, blocks, lambda: call_with(loaded.model, batch), sdpa=flash_emulated_sdpa)
     return trace
 
 
@@ -119,8 +121,7 @@ def _kinds(blocks: list[tuple[str, nn.Module]], signatures: dict[str, str], firs
 
 
 def _trace_block(block: nn.Module, args: tuple, kwargs: dict) -> Trace:
-    with flash_emulated_sdpa():
-        trace, _ = trace_forward(block, [("block", block)], lambda: block(*args, **kwargs))
+    trace, _ = trace_forward(block, [("block", block)], lambda: block(*args, **kwargs), sdpa=flash_emulated_sdpa)
     return trace
 
 
@@ -137,8 +138,17 @@ def _meta_shards(kind: _Kind, b: int, tp_sizes: tuple[int, ...]) -> list[TpShard
         except (RuntimeError, ValueError, IndexError):
             continue  # the block's code does not run at this shard shape (a hard-coded head count or split size)
         result.append(TpShard(tp=tp, params=trace.params["block"] + trace.params[HEAD],
-                              fwd_flops=trace.flops("block"), saved_activation_bytes=trace.saved_bytes("block")))
+                              fwd_flops=trace.flops("block"), saved_activation_bytes=trace.saved_bytes("block"),
+                              **op_fields(segment_ops(trace, "block"))))
     return result
+
+
+def op_fields(ops: SegmentOps) -> dict[str, Any]:
+    """The profile fields of one traced layer's GEMMs, attention core and memory-bound bytes."""
+    return dict(gemms=tuple(GemmShape(m, n, k, c) for m, n, k, c in ops.gemms),
+                attention=AttentionShape(*ops.attention) if ops.attention else None,
+                attention_flops=ops.attention_flops, elementwise_bytes=ops.elementwise_bytes,
+                elementwise_kernels=ops.elementwise_kernels)
 
 
 def _time_kinds(kinds: dict[str, _Kind], shards: dict[tuple[str, int], list[TpShard]], device: torch.device,
@@ -161,7 +171,8 @@ def _time_kinds(kinds: dict[str, _Kind], shards: dict[tuple[str, int], list[TpSh
 
 def _layers(blocks, signatures, kinds, traces, shards, timings, sizes) -> list[LayerProfile]:
     first = traces[sizes[0]]
-    layers = [_edge_layer(EMBEDDING, traces, sizes)]
+    indexes = {b: index_trace(t) for b, t in traces.items()}
+    layers = [_edge_layer(EMBEDDING, traces, indexes, sizes)]
     for name, _ in blocks:
         sig = signatures[name]
         measurements = []
@@ -173,11 +184,11 @@ def _layers(blocks, signatures, kinds, traces, shards, timings, sizes) -> list[L
                 saved_activation_bytes=timing.saved_activation_bytes if timing else trace.saved_bytes(name),
                 output_bytes=trace.output_bytes[name],
                 fwd_time_s=timing.fwd_time_s if timing else None, bwd_time_s=timing.bwd_time_s if timing else None,
-                tp_shards=tuple(found)))
+                tp_shards=tuple(found), **op_fields(segment_ops(trace, name, indexes[b]))))
         layers.append(LayerProfile(name=name, kind="block", block_type=sig, params=first.params[name],
                                    param_bytes=first.param_bytes[name], tp_splits=kinds[sig].splits,
                                    measurements=tuple(measurements)))
-    layers.append(_edge_layer(HEAD, traces, sizes))
+    layers.append(_edge_layer(HEAD, traces, indexes, sizes))
     return layers
 
 
@@ -188,12 +199,14 @@ def _timed_shard(shard: TpShard, timing: BlockTiming | None) -> TpShard:
                    bwd_time_s=timing.bwd_time_s)
 
 
-def _edge_layer(segment: str, traces: dict[int, Trace], sizes: tuple[int, ...]) -> LayerProfile:
+def _edge_layer(segment: str, traces: dict[int, Trace], indexes: dict, sizes: tuple[int, ...]) -> LayerProfile:
     """The embedding or the head: traced on meta only (never timed)."""
     first = traces[sizes[0]]
     measurements = tuple(LayerMeasurement(micro_batch_size=b, fwd_flops=traces[b].flops(segment),
                                           saved_activation_bytes=traces[b].saved_bytes(segment),
-                                          output_bytes=traces[b].output_bytes.get(segment, 0)) for b in sizes)
+                                          output_bytes=traces[b].output_bytes.get(segment, 0),
+                                          **op_fields(segment_ops(traces[b], segment, indexes[b])))
+                         for b in sizes)
     return LayerProfile(name=segment, kind=segment, block_type=segment, params=first.params[segment],
                         param_bytes=first.param_bytes[segment], tp_splits=(), measurements=measurements)
 

@@ -43,6 +43,12 @@ class OpRecord:
     per_head_reduction: bool = False
     """A reduction over the last axis only of a tensor with a heads axis (ndim >= 4): a per-head norm
     (Qwen3's q_norm/k_norm), which acts within one head and so within one TP shard."""
+    kind: str = "elementwise"
+    """What the cost model prices it as (op_classes.py): ``gemm`` (a matmul with a parameter operand),
+    ``attention`` (inside SDPA, or a matmul of two activations), ``free`` (views, allocations), or
+    ``elementwise`` (everything else that reads and writes memory)."""
+    shape: tuple[int, ...] = ()
+    """(batch, m, n, k) of a matmul; (batch x heads, query length, key length, head dim) of an SDPA call."""
 
 
 @dataclass
@@ -84,6 +90,16 @@ class Trace:
     block_inputs: dict[str, tuple[tuple, dict]] = field(default_factory=dict)
     """(args, kwargs) each block was called with (meta tensors), to rebuild inputs for timing."""
     hidden_width: int | None = None
+    nbytes: dict[int, int] = field(default_factory=dict)
+    """Bytes of every tensor the ops saw (numel x element size, by id)."""
+    view_base: dict[int, int] = field(default_factory=dict)
+    """id of a view -> id of the tensor it views (one step)."""
+    storage_of: dict[int, int] = field(default_factory=dict)
+    saved_storage: set[int] = field(default_factory=set)
+    """Storages autograd saved for backward."""
+    param_storage: set[int] = field(default_factory=set)
+    output_ids: dict[str, int] = field(default_factory=dict)
+    """id of the tensor each segment hands on (its first tensor output)."""
     keepalive: list[Any] = field(default_factory=list)
 
     def flops(self, segment: str) -> int:
@@ -105,6 +121,16 @@ class _State:
         self.segment = EMBEDDING
         self.module_stack: list[str] = [""]
         self.last_op = ""
+        self.in_sdpa = 0
+        self.sdpa_shape: tuple[int, ...] = ()
+
+    def sdpa_event(self, entering: bool, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Called by the flash-emulated SDPA around its math (attention.py): what runs inside is one
+        fused attention kernel, not GEMMs and element-wise ops."""
+        self.in_sdpa += 1 if entering else -1
+        if entering:
+            heads = q.numel() // (q.shape[-2] * q.shape[-1])
+            self.sdpa_shape = (heads, q.shape[-2], k.shape[-2], q.shape[-1])
 
 
 class _Recorder(TorchDispatchMode):
@@ -113,6 +139,7 @@ class _Recorder(TorchDispatchMode):
         self.trace, self.state = trace, state
         self.param_owner = param_owner  # storage key -> (name, numel, nbytes), popped on first use
         self.claimed: dict[int, tuple[str, int]] = {}  # storage key -> (segment, numel)
+        self.sdpa_recorded = 0  # SDPA calls already given an op record
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -126,11 +153,34 @@ class _Recorder(TorchDispatchMode):
         flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if packet in flop_registry else 0
         name = str(func)
         self.state.last_op = name
+        kind, shape = self._kind(func, args, flat_in, flops)
         self.trace.ops.append(OpRecord(name, self.state.segment, self.state.module_stack[-1],
                                        [id(t) for t in flat_in], [id(t) for t in flat_out],
-                                       torch.Tag.pointwise in func.tags, flops, _per_head_reduction(func, args)))
+                                       torch.Tag.pointwise in func.tags, flops, _per_head_reduction(func, args),
+                                       kind, shape))
+        self._remember(func, flat_in, flat_out)
         self.trace.keepalive.extend(flat_out)
         return out
+
+    def _kind(self, func, args: tuple, flat_in: list[torch.Tensor], flops: int) -> tuple[str, tuple[int, ...]]:
+        base = func._overloadpacket.__name__
+        if self.state.in_sdpa or base in _FUSED_ATTENTION:
+            return "attention", self.state.sdpa_shape if self.state.in_sdpa else _sdpa_shape(args)
+        if base in _MATMULS and flops > 0:
+            params = self.trace.param_storage
+            uses_param = any(_storage_key(t) in params for t in flat_in)
+            return ("gemm" if uses_param else "attention"), _matmul_shape(base, args)
+        if func.is_view or base in _ALIASES or not flat_in:
+            return "free", ()
+        return "elementwise", ()
+
+    def _remember(self, func, flat_in: list[torch.Tensor], flat_out: list[torch.Tensor]) -> None:
+        for t in flat_in + flat_out:
+            self.trace.nbytes.setdefault(id(t), t.numel() * t.element_size())
+        for t in flat_out:
+            self.trace.storage_of[id(t)] = _storage_key(t)
+        if (func.is_view or func._overloadpacket.__name__ in _ALIASES) and flat_in and flat_out:
+            self.trace.view_base[id(flat_out[0])] = id(flat_in[0])
 
     def _claim_params(self, tensors: list[torch.Tensor]) -> None:
         """A parameter belongs to the segment that first uses it, so a tied head weight counts once."""
@@ -143,6 +193,24 @@ class _Recorder(TorchDispatchMode):
                 self.claimed[key] = (self.state.segment, owner[1])
             elif key in self.claimed and self.claimed[key][0] != self.state.segment:
                 self.trace.shared_params += self.claimed.pop(key)[1]
+
+
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm"}
+_ALIASES = {"_unsafe_view", "lift_fresh", "detach"}  # views that aten does not tag as views
+_FUSED_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
+
+
+def _matmul_shape(base: str, args: tuple) -> tuple[int, ...]:
+    """(batch, m, n, k) of mm(a, b), addmm(c, a, b), bmm(a, b), baddbmm(c, a, b), addbmm(c, a, b)."""
+    a, b = (args[1], args[2]) if base in ("addmm", "baddbmm", "addbmm") else (args[0], args[1])
+    batch = a.shape[0] if a.dim() == 3 and base != "addbmm" else 1
+    return batch, a.shape[-2], b.shape[-1], a.shape[-1]
+
+
+def _sdpa_shape(args: tuple) -> tuple[int, ...]:
+    q, k = args[0], args[1]
+    return q.numel() // (q.shape[-2] * q.shape[-1]), q.shape[-2], k.shape[-2], q.shape[-1]
 
 
 _LAST_AXIS_REDUCTIONS = {"mean", "sum", "var", "var_mean", "amax", "norm", "linalg_vector_norm"}
@@ -205,6 +273,10 @@ def _hooks(model: nn.Module, blocks: list[tuple[str, nn.Module]], trace: Trace, 
         if name is not None:
             trace.output_bytes[name] = _tensor_bytes(output if isinstance(output, torch.Tensor) else
                                                      tree_flatten(output)[0][:1])
+            first = output if isinstance(output, torch.Tensor) else next(
+                (t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)), None)
+            if first is not None:
+                trace.output_ids[name] = id(first)
             state.segment = HEAD
         if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor):
             x = args[0] if args else kwargs["input"]
@@ -224,6 +296,7 @@ def _hooks(model: nn.Module, blocks: list[tuple[str, nn.Module]], trace: Trace, 
 def _pack_hook(trace: Trace, state: _State, param_keys: set[int], seen: set[int]):
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
+        trace.saved_storage.add(key)
         if key not in param_keys and key not in seen:
             seen.add(key)
             nbytes = t.untyped_storage().nbytes()
@@ -240,8 +313,13 @@ def call_with(model: nn.Module, batch: Any) -> Any:
     return model(*batch) if isinstance(batch, tuple) else model(batch)
 
 
-def trace_forward(model: nn.Module, blocks: list[tuple[str, nn.Module]], run: Any) -> tuple[Trace, Any]:
-    """Run ``run()`` (a forward of ``model``) once, recording ops, params, saved tensors and outputs."""
+def trace_forward(model: nn.Module, blocks: list[tuple[str, nn.Module]], run: Any,
+                  sdpa: Any = None) -> tuple[Trace, Any]:
+    """Run ``run()`` (a forward of ``model``) once, recording ops, params, saved tensors and outputs.
+
+    ``sdpa``: a context manager factory that replaces SDPA while tracing and reports its calls
+    (``attention.flash_emulated_sdpa``); None traces whatever SDPA does.
+    """
     names = {id(m): n for n, m in model.named_modules()}
     trace = Trace(segments=[EMBEDDING] + [n for n, _ in blocks] + [HEAD])
     state = _State(names)
@@ -249,10 +327,15 @@ def trace_forward(model: nn.Module, blocks: list[tuple[str, nn.Module]], run: An
     for n, p in model.named_parameters():
         param_owner.setdefault(_storage_key(p), (n, p.numel(), p.numel() * p.element_size()))
     param_keys = set(param_owner)
-    with _hooks(model, blocks, trace, state), \
+    trace.param_storage = set(param_keys)
+    attention = sdpa(state.sdpa_event) if sdpa is not None else contextlib.nullcontext()
+    with _hooks(model, blocks, trace, state), attention, \
             torch.autograd.graph.saved_tensors_hooks(_pack_hook(trace, state, param_keys, set()), lambda t: t), \
             _Recorder(trace, state, param_owner):
         out = run()
+    logits_out = getattr(out, "logits", out)
+    if isinstance(logits_out, torch.Tensor):
+        trace.output_ids[HEAD] = id(logits_out)
     # parameters no op touched (unused modules) still count, in the head, so totals add up
     for _, numel, nbytes in param_owner.values():
         trace.params[HEAD] += numel

@@ -13,6 +13,8 @@ from typing import Literal
 from autoplan.schema._io import require
 
 Architecture = Literal["gpt", "llama"]
+MEGATRON_VOCAB_DIVISOR = 128
+"""Megatron-LM's default ``--make-vocab-size-divisible-by``."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class ModelSpec:
     rope_theta: float = 10000.0
     """RoPE base (llama only)."""
     norm_eps: float = 1e-5
-    make_vocab_size_divisible_by: int = 128
+    make_vocab_size_divisible_by: int = MEGATRON_VOCAB_DIVISOR
     """Megatron-LM's padding rule: the embedding and output projection get ``padded_vocab_size(tp)`` rows,
     the vocabulary rounded up to a multiple of this times the TP size, so that every TP rank holds an equal,
     GEMM-friendly share (GPT-2's 50,257 tokens become 50,304 at tp 1 and 51,200 at tp 8). The rows past

@@ -10,7 +10,9 @@ model runs before its first repeated block), each ``block`` (one element of the 
 the ``head`` (everything after the last block: final norm, output projection). ``block_type`` tells
 repeated blocks apart (the class name plus the parameter shapes, as a short signature) so that the planner
 can check they are identical. All byte counts are for one micro-batch on one unsharded device; FLOPs
-count a multiply-add as 2, attention scores in full (not halved for the causal mask).
+count a multiply-add as 2, attention scores in full (not halved for the causal mask). Bytes are at the
+profile's ``dtype``; the planner scales activation bytes to the plan's precision, and GEMM shapes and FLOPs
+do not depend on it, so one profile plans for any precision.
 
 This module must not import torch: the planner reads profiles without it.
 """
@@ -22,9 +24,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autoplan.schema._io import dump_yaml, load_yaml, read_yaml, require
-from autoplan.schema.hardware import Precision
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+ProfileDtype = Literal["bf16", "fp16", "fp32"]
+"""The dtypes a model can be profiled in (fp8 plans come from a bf16 or fp32 profile)."""
 LayerKind = Literal["embedding", "block", "head"]
 AttentionMemory = Literal["measured", "flash-emulated", "math"]
 """How the attention core's saved bytes were obtained: ``measured`` = the real device's SDPA kernel ran;
@@ -45,6 +48,25 @@ class TpSplit:
 
 
 @dataclass(frozen=True)
+class GemmShape:
+    """``count`` GEMMs C[m, n] = A[m, k] B[k, n] with a parameter operand (the layer's linear layers)."""
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention core of the layer: ``batch_heads`` = batch x (query) heads, causal as in a decoder LM."""
+
+    batch_heads: int
+    seq_len: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
 class TpShard:
     """One rank's share of the layer with its TP splits sharded ``tp`` ways (the column linears keep
     1/tp of their output features, the row linears 1/tp of their input features), traced at that shape;
@@ -56,6 +78,11 @@ class TpShard:
     saved_activation_bytes: int
     fwd_time_s: float | None = None
     bwd_time_s: float | None = None
+    gemms: tuple[GemmShape, ...] = ()
+    attention: AttentionShape | None = None
+    attention_flops: int = 0
+    elementwise_bytes: int = 0
+    elementwise_kernels: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +99,14 @@ class LayerMeasurement:
     bwd_time_s: float | None = None
     tp_shards: tuple[TpShard, ...] = ()
     """The layer at each TP size > 1 of the profile that its splits allow."""
+    gemms: tuple[GemmShape, ...] = ()
+    """The linear layers' GEMMs (what the cost model prices on its GEMM curve)."""
+    attention: AttentionShape | None = None
+    attention_flops: int = 0
+    """FLOPs of the attention core (scores and attention-over-V, in full), part of ``fwd_flops``."""
+    elementwise_bytes: int = 0
+    """Bytes the memory-bound ops read and write in the forward, fused between GEMMs (op_classes.py)."""
+    elementwise_kernels: int = 0
 
     def shard(self, tp: int) -> TpShard | None:
         return next((s for s in self.tp_shards if s.tp == tp), None)
@@ -112,7 +147,7 @@ class ModelProfile:
     """Where times and saved bytes were measured: ``meta`` (nothing timed), ``cpu`` or ``cuda``."""
     device_name: str
     """The device model (CPU model name or ``torch.cuda.get_device_name``); the planner compares it."""
-    dtype: Precision
+    dtype: ProfileDtype
     seq_len: int | None
     """Tokens per sequence; None for a model whose example input has no sequence axis."""
     micro_batch_sizes: tuple[int, ...]

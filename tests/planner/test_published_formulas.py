@@ -37,13 +37,13 @@ GPT3_175B = ModelSpec(name="gpt3-175b", architecture="gpt", num_layers=96, hidde
 ])
 def test_korthikanti_activation_memory_gpt3_175b(tp, sp, mode, expected_gb):
     """Korthikanti et al. 2022, Table 2, with s = 2048, b = 1, h = 12288, a = 96 (formulas.md section 3)."""
-    saved = block_saved_bytes(GPT3_175B, b=1, s=2048, tp=tp, sp=sp, mixed_precision=True, flash=False)
+    saved = block_saved_bytes(GPT3_175B, b=1, s=2048, tp=tp, sp=sp, e=2, attention="standard")
     assert getattr(saved, mode) / GB == pytest.approx(expected_gb, rel=2e-3)
 
 
 def test_korthikanti_first_stage_holds_l_layers_worth():
     """Eq. 5: with 1F1B the first of p stages keeps p micro-batches of L/p layers: 34.4 GB for TP8+SP."""
-    saved = block_saved_bytes(GPT3_175B, b=1, s=2048, tp=8, sp=True, mixed_precision=True, flash=False)
+    saved = block_saved_bytes(GPT3_175B, b=1, s=2048, tp=8, sp=True, e=2, attention="standard")
     assert 96 * saved.none / GB == pytest.approx(34.4, rel=2e-3)
 
 

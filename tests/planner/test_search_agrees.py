@@ -26,7 +26,7 @@ def random_problem(rng: random.Random):
     cluster = Cluster(name="random", device=DEVICE, devices_per_node=per_node, num_nodes=rng.choice([1, 2]),
                       intra_node=Link(100.0, 5.0), inter_node=Link(10.0, 20.0))
     training = TrainingSetup(global_batch_size=rng.choice([2, 4, 8]), seq_len=256,
-                             flash_attention=rng.random() < 0.5, overlap_grad_reduce=rng.random() < 0.5)
+                             attention="flash" if rng.random() < 0.5 else "standard", overlap_grad_reduce=rng.random() < 0.5)
     # a device just big enough to make memory bind for some configurations
     memory = rng.choice([0.02, 0.05, 0.2, 80.0])
     cluster = dataclasses.replace(cluster, device=dataclasses.replace(DEVICE, memory_gib=memory))
@@ -62,7 +62,7 @@ def test_recompute_cpsat_equals_enumeration():
     rng = random.Random(7)
     model = ModelSpec(name="m", architecture="gpt", num_layers=12, hidden_size=256, ffn_hidden_size=1024,
                       num_attention_heads=4, num_kv_heads=4, vocab_size=1024, seq_len=512)
-    training = TrainingSetup(global_batch_size=8, seq_len=512, flash_attention=False)
+    training = TrainingSetup(global_batch_size=8, seq_len=512, attention="standard")
     checked = 0
     for _ in range(30):
         memory = rng.uniform(0.09, 0.19)  # between what full recomputation everywhere and none need

@@ -37,7 +37,7 @@ def expected_saved(name: str) -> int:
     spec = load_model(name)
     s, h, e = spec.seq_len, spec.hidden_size, 4
     sb, sbh = s * B, s * B * h
-    model = block_saved_bytes(spec, B, s, 1, False, False, True).none
+    model = block_saved_bytes(spec, B, s, 1, False, e, "flash").none
     if spec.architecture == "gpt":
         return int(model + 2 * 2 * e * sb)
     rope = 2 * 4 * s * spec.head_dim // 2
