@@ -72,3 +72,10 @@ def test_interleaved_bubble_equal_stages(p, v, m):
     timeline = simulate(build_schedule("interleaved", p, v, m), [f] * (p * v), [b] * (p * v), [0.0] * (p * v - 1))
     step = max(timeline.rank_end.values())
     assert (step - m * 3.0) / (m * 3.0) == pytest.approx((p - 1) / (v * m))
+
+
+@pytest.mark.parametrize("tp, padded", [(1, 50304), (2, 50432), (4, 50688), (8, 51200)])
+def test_megatron_vocab_padding(tp, padded):
+    """Megatron-LM's _vocab_size_with_padding: round 50,257 (GPT-2) up to a multiple of 128 x tp."""
+    gpt2 = dataclasses.replace(GPT3_175B, vocab_size=50257)
+    assert gpt2.padded_vocab_size(tp) == padded
