@@ -44,11 +44,12 @@ class MetricsLog:
         if not self.rows:
             return "no steps run"
         # the first step pays one-off costs (allocations, shape inference), so times skip it when possible;
-        # profiled steps are slower, so they are left out too when others remain
+        # profiled steps are slower (and on CPU their profiler buffers count as heap), so times and the
+        # peak leave them out when others remain (as autoplan compare does)
         timed = [r for r in self.rows[1:] if not r.get("profiled")] or self.rows[1:] or self.rows
         t = statistics.median(r["step_time_s"] for r in timed)
         first, last = self.rows[0], self.rows[-1]
-        peak = max(r["peak_memory_gib"] for r in self.rows)
+        peak = max(r["peak_memory_gib"] for r in [r for r in self.rows if not r.get("profiled")] or self.rows)
         pred = ""
         if self.predicted_step_s is not None:
             pred = (f"; predicted {self.predicted_step_s:.4g} s (error {_pct(relative_error(self.predicted_step_s, t))}), "
