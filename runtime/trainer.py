@@ -68,7 +68,7 @@ class Trainer:
         mine = torch.tensor([self.meter.peak()], dtype=torch.float64, device=pm.device)
         peaks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(peaks, mine)  # every rank's peak, for metrics per rank
-        per_rank = [int(p.item()) for p in peaks]
+        per_rank = [int(b) for b in torch.cat(peaks).tolist()]  # one device-to-host copy
         return StepResult(loss, float(norm), elapsed, max(per_rank), per_rank)
 
     def _single_stage(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,5 @@ class MetricsLog:
                 f"{statistics.median(r['tokens_per_s'] or 0 for r in timed):.0f} tokens/s, peak {peak:.4g} GiB{pred}")
 
 
-
 def _pct(error: float | None) -> str:
     return "n/a" if error is None else f"{error:+.1%}"

@@ -32,7 +32,8 @@ from runtime.train.trace_phases import (
 )
 
 WARMUP_STEPS = 2
-"""Steps at least before tracing: the first pays one-off costs (allocation, shape inference, connections)."""
+"""Untraced steps wanted before the traced ones: the first pays one-off costs (allocation, shape
+inference, connections)."""
 TRACED_STEPS = 3
 
 
@@ -44,9 +45,9 @@ def region(kind: str, stage: int, microbatch: int):
 
 def traced_window(first_step: int, last_step: int) -> tuple[int, int]:
     """(steps before, steps traced) for a run of steps [first_step, last_step): the last TRACED_STEPS
-    steps, after at least WARMUP_STEPS (fewer traced when the run is short; at least one). Last, because
-    on CPU the profiler's buffers sit in the heap that peak memory measures, and traced steps are slower:
-    the steps before them are measured clean."""
+    steps, fewer when that would leave under WARMUP_STEPS before them, and always at least one. The last,
+    because traced steps are slower and, on CPU, the profiler's buffers sit in the heap that peak memory
+    measures: the steps before them are measured clean."""
     n = last_step - first_step
     traced = max(1, min(TRACED_STEPS, n - WARMUP_STEPS))
     return n - traced, traced
