@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--log-every", type=int, default=1, help="print a line every K steps (0: summary only)")
+    p.add_argument("--trace", metavar="DIR", help="profile a few steps after warm-up on every rank into DIR "
+                   "(torch traces, per-rank and merged step traces; runtime/train/profiling.py)")
     return p
 
 
@@ -66,7 +68,7 @@ def _main(args: argparse.Namespace) -> int:
     pm = build_mesh(plan.pp, plan.dp, plan.tp, device, plan.model.tie_embeddings and plan.num_stages > 1)
     trainer = Trainer(plan, pm, data)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,
-                            args.log_every))
+                            args.log_every, args.trace))
     # barrier before teardown: exits are flaky otherwise (runtime-notes §7). Not in a `finally`: a rank
     # that failed must exit (torchrun then stops the others) rather than wait here for ranks that cannot come.
     dist.barrier()

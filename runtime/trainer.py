@@ -21,6 +21,8 @@ from runtime.train import checkpoint
 from runtime.train.data import TokenSource
 from runtime.train.metrics import MetricsLog
 from runtime.train.optim import clip_grad_norm, lr_at, set_lr
+from runtime.train.profiling import StepTracer, instrument, region
+from runtime.train.trace_phases import BACKWARD, FORWARD
 
 
 @dataclass
@@ -29,6 +31,7 @@ class StepResult:
     grad_norm: float
     step_time_s: float
     peak_bytes: int
+    peak_bytes_per_rank: list[int]
 
 
 class Trainer:
@@ -62,9 +65,11 @@ class Trainer:
         if pm.device.type == "cuda":
             torch.cuda.synchronize(pm.device)
         elapsed = time.perf_counter() - t0
-        peak = torch.tensor([self.meter.peak()], dtype=torch.float64, device=pm.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return StepResult(loss, float(norm), elapsed, int(peak.item()))
+        mine = torch.tensor([self.meter.peak()], dtype=torch.float64, device=pm.device)
+        peaks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(peaks, mine)  # every rank's peak, for metrics per rank
+        per_rank = [int(b) for b in torch.cat(peaks).tolist()]  # one device-to-host copy
+        return StepResult(loss, float(norm), elapsed, max(per_rank), per_rank)
 
     def _single_stage(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Gradient accumulation over the plan's micro-batches; grads are reduced over dp on the last."""
@@ -75,8 +80,10 @@ class Trainer:
                 model.set_requires_gradient_sync(i == n - 1)
             ctx = loss_parallel() if self.parts.loss_parallel else contextlib.nullcontext()
             with ctx:
-                loss = cross_entropy(model(xm), ym) / n
-                loss.backward()
+                with region(FORWARD, 0, i):
+                    loss = cross_entropy(model(xm), ym) / n
+                with region(BACKWARD, 0, i):
+                    loss.backward()
             loss = loss.detach()
             total += loss.full_tensor() if isinstance(loss, DTensor) else loss
         return total
@@ -120,6 +127,8 @@ class RunOptions:
     checkpoint_every: int = 0
     resume: bool = False
     log_every: int = 1
+    trace: str | None = None
+    """Folder for a profiler trace of a few steps after warm-up (runtime/train/profiling.py)."""
 
 
 def run(trainer: Trainer, opts: RunOptions) -> list[float]:
@@ -135,17 +144,26 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
                      pred.peak_memory_gib if pred else None, append=start > 0)
     tokens = plan.training.global_batch_size * plan.training.seq_len
+    tracer = StepTracer(opts.trace, start, opts.steps, trainer.pm.device, plan.zero_stage) if opts.trace else None
+    if tracer:
+        instrument(parts)
     losses = []
     for step in range(start, opts.steps):
-        r = trainer.step(step)
+        with tracer.step(step) if tracer else contextlib.nullcontext():
+            r = trainer.step(step)
         losses.append(r.loss)
         row = log.record(step + 1, r.loss, r.step_time_s, tokens, r.peak_bytes / GIB,
-                         lr_at(step, plan.training), r.grad_norm)
+                         lr_at(step, plan.training), r.grad_norm, [b / GIB for b in r.peak_bytes_per_rank],
+                         profiled=bool(tracer) and step in tracer.traced)
         if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
             print(f"step {row['step']:>5}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
                   f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB", flush=True)
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
             checkpoint.save(opts.checkpoint_dir, step + 1, parts.container(), parts.optimizer)
+    if tracer:
+        tracer.finish(trainer.pm, {"model": plan.model.name, "device": trainer.pm.device.type, "tp": plan.tp,
+                                   "pp": plan.pp, "dp": plan.dp, "zero_stage": plan.zero_stage,
+                                   "schedule": plan.schedule})
     if rank0:
         print(log.summary(), flush=True)
     return losses

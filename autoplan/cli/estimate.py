@@ -1,4 +1,7 @@
-"""``autoplan estimate``: the cost model's verdict on one given configuration, with its breakdown."""
+"""``autoplan estimate``: the cost model's verdict on one given configuration, with its breakdown.
+
+Exit status: 0 when the configuration fits, ``DOES_NOT_FIT_STATUS`` (3) when it is valid but its peak memory
+exceeds the capacity (the verdict, tables, JSON and ``-o`` plan are still written), 2 on bad input."""
 
 from __future__ import annotations
 
@@ -15,9 +18,12 @@ from autoplan.schema import Layout, Plan, SolverInfo, check_fits, dump_plan, pla
 from autoplan.schema._io import to_dict, write_atomic
 from autoplan.search.space import num_layers_of, stage_splits, tp_options
 
+DOES_NOT_FIT_STATUS = 3
+
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("estimate", help="predict step time, MFU and memory of one given configuration")
+    p = subparsers.add_parser("estimate", help="predict step time, MFU and memory of one given configuration",
+                              epilog=f"exit status: 0 fits, {DOES_NOT_FIT_STATUS} does not fit, 2 bad input")
     add_input_arguments(p)
     add_layout_arguments(p, required=True)
     p.add_argument("-o", "--output", help="also write this configuration as a plan file")
@@ -71,10 +77,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         data["model"], data["cluster"], data["fits"] = model.name, cluster.name, fits
         print(json.dumps(data))
-        return 0
+        return 0 if fits else DOES_NOT_FIT_STATUS
     print(f"{model.name} on {cluster.name} ({cluster.num_devices} x {cluster.device.name}): {layout_label(layout)}, "
           f"recompute {recompute_label(layout)}")
     print(("fits" if fits else "DOES NOT FIT") + f": peak {predicted.peak_memory_gib:.1f} GiB of "
           f"{predicted.capacity_gib:.1f} GiB\n")
     print(breakdown_table(predicted))
-    return 0
+    return 0 if fits else DOES_NOT_FIT_STATUS

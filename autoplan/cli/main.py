@@ -12,7 +12,7 @@ import sys
 
 from autoplan.errors import SpecError
 
-SUBCOMMANDS = ("plan", "estimate", "show", "run", "profile", "profile_hardware")
+SUBCOMMANDS = ("plan", "estimate", "show", "run", "compare", "profile", "profile_hardware")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,6 +34,8 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint-dir", help="DCP checkpoint folder")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--trace", metavar="DIR", help="profile a few steps after warm-up into DIR (merged.json: the "
+                   "measured step per rank, for autoplan compare --trace and Perfetto)")
     p.set_defaults(func=run)
 
 
@@ -41,7 +43,7 @@ def launch_command(args: argparse.Namespace, nproc: int, data: str | None) -> li
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "runtime.launch", str(args.plan), "--steps", str(args.steps)]
     for flag, value in (("--backend", args.backend), ("--data", data), ("--metrics", args.metrics),
-                        ("--checkpoint-dir", args.checkpoint_dir)):
+                        ("--checkpoint-dir", args.checkpoint_dir), ("--trace", getattr(args, "trace", None))):
         if value:
             cmd += [flag, str(value)]
     if args.checkpoint_every:

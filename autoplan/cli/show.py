@@ -1,24 +1,32 @@
-"""``autoplan show plan.yaml``: a plan file as tables (and, with --timeline, the pipeline drawn)."""
+"""``autoplan show plan.yaml``: a plan file as tables; with --timeline the pipeline drawn in text, with
+--trace a Chrome/Perfetto trace of the simulated step, with --png a Gantt chart and memory per rank."""
 
 from __future__ import annotations
 
 import argparse
 
 from autoplan.cli.common import workload_fn
-from autoplan.cost.estimate import estimate_layout
+from autoplan.report.simulated import simulate_plan
 from autoplan.report.timeline import draw_timeline
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label, render
 from autoplan.schema import load_plan
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("show", help="print a plan file as tables")
+    p = subparsers.add_parser("show", help="print a plan file as tables, draw its simulated step")
     p.add_argument("plan", help="a plan YAML written by autoplan plan or estimate")
     p.add_argument("--timeline", action="store_true", help="draw the simulated pipeline timeline per rank")
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="write the simulated step as a Chrome/Perfetto trace (one process per pipeline rank)")
+    p.add_argument("--png", metavar="OUT.png",
+                   help="draw the pipeline per rank and memory per rank against capacity (needs matplotlib)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.png:
+        from autoplan.report.figures import require_matplotlib
+        require_matplotlib()
     plan = load_plan(args.plan)
     c = plan.cluster
     print(f"plan for {plan.model.name} on {c.name} ({c.num_nodes} x {c.devices_per_node} {c.device.name}); "
@@ -32,9 +40,19 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + render(rows, ["stage", "pp rank", "layers", "count", "full recompute", "selective"]))
     if plan.predicted:
         print("\n" + breakdown_table(plan.predicted))
+    if not (args.timeline or args.trace or args.png):
+        return 0
+    sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
     if args.timeline:
-        workload = workload_fn(plan.model, plan.cluster, plan.training)
-        _, evaluation, _ = estimate_layout(workload, plan.cluster, plan.training, plan.layout())
         recomputing = {s.index for s in plan.stages if s.full_recompute or s.selective_recompute}
-        print("\npipeline timeline (simulated):\n" + draw_timeline(evaluation, recomputing))
+        print("\npipeline timeline (simulated):\n" + draw_timeline(sim.evaluation, recomputing))
+    if args.trace:
+        from autoplan.report.chrome_trace import simulated_trace, write_trace
+        write_trace(args.trace, simulated_trace(sim))
+        print(f"\nwrote {args.trace}: the simulated step as a Chrome trace (open it in https://ui.perfetto.dev)")
+    if args.png:
+        from autoplan.report.figures import figure_size_px, write_png
+        write_png(sim, args.png)
+        w, h = figure_size_px(sim)
+        print(f"\nwrote {args.png} ({w} x {h} px): pipeline per rank and memory per rank")
     return 0

@@ -120,6 +120,13 @@ def _graph(orders: RankOrders, num_stages: int) -> _Graph:
     return graph
 
 
+def data_dependencies(action: Action, num_stages: int) -> list[Action]:
+    """The actions whose outputs ``action`` consumes; a dependency on another stage crosses the transfer
+    edge ``min(stage, other stage)``. Public for the trace views (report/chrome_trace.py), which draw the
+    transfers the simulation charged."""
+    return _dependencies(action, num_stages)
+
+
 def _dependencies(action: Action, num_stages: int) -> list[Action]:
     s, mb = action.stage, action.microbatch
     if action.kind == "F":

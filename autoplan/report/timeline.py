@@ -20,4 +20,7 @@ def draw_timeline(evaluation: Evaluation, recomputing_stages: set[int], width: i
         for x in range(first, min(last, width)):
             rows[action.stage % pp][x] = mark
     scale = f"0 s{' ' * (width - 12)}{step * 1e-9:8.3f} s"
-    return "\n".join([f"rank {r:2d} |{''.join(rows[r])}|" for r in ranks] + [f"        {scale}"])
+    legend = (f"legend: F forward, B backward, r backward that recomputes, . idle (bubble, or waiting for a "
+              f"transfer)\n        one column = {step * 1e-6 / width:.3g} ms; the step ends with the data-parallel "
+              f"reduction and the optimizer step (not drawn)")
+    return "\n".join([f"rank {r:2d} |{''.join(rows[r])}|" for r in ranks] + [f"        {scale}", legend])

@@ -1,10 +1,15 @@
-"""Per-step metrics: one JSON line per step appended to ``--metrics FILE`` by rank 0, and a summary."""
+"""Per-step metrics: one JSON line per step appended to ``--metrics FILE`` by rank 0, and a summary that
+sets the measured median step time and peak memory against the plan's prediction.
+
+Relative error: autoplan.schema.trace.relative_error, as in ``autoplan compare``."""
 
 from __future__ import annotations
 
 import json
 import statistics
 from pathlib import Path
+
+from autoplan.schema.trace import relative_error
 
 
 class MetricsLog:
@@ -20,11 +25,15 @@ class MetricsLog:
                 self.path.write_text("")
 
     def record(self, step: int, loss: float, step_time_s: float, tokens: int, peak_gib: float, lr: float,
-               grad_norm: float) -> dict:
+               grad_norm: float, peak_gib_per_rank: list[float] | None = None, profiled: bool = False) -> dict:
         row = {"step": step, "loss": loss, "step_time_s": round(step_time_s, 6),
                "tokens_per_s": round(tokens / step_time_s, 2) if step_time_s > 0 else None,
                "peak_memory_gib": round(peak_gib, 6), "lr": lr, "grad_norm": grad_norm,
                "predicted_step_time_s": self.predicted_step_s, "predicted_peak_memory_gib": self.predicted_peak_gib}
+        if peak_gib_per_rank is not None:
+            row["peak_memory_gib_per_rank"] = [round(g, 6) for g in peak_gib_per_rank]
+        if profiled:
+            row["profiled"] = True  # under the profiler: slower than the other steps
         self.rows.append(row)
         if self.path is not None:
             with self.path.open("a") as f:  # one line per write: a crash leaves whole lines behind
@@ -34,14 +43,21 @@ class MetricsLog:
     def summary(self) -> str:
         if not self.rows:
             return "no steps run"
-        # the first step pays one-off costs (allocations, shape inference), so times skip it when possible
-        timed = self.rows[1:] or self.rows
+        # the first step pays one-off costs (allocations, shape inference), so times skip it when possible;
+        # profiled steps are slower (and on CPU their profiler buffers count as heap), so times and the
+        # peak leave them out when others remain (as autoplan compare does)
+        timed = [r for r in self.rows[1:] if not r.get("profiled")] or self.rows[1:] or self.rows
         t = statistics.median(r["step_time_s"] for r in timed)
         first, last = self.rows[0], self.rows[-1]
-        peak = max(r["peak_memory_gib"] for r in self.rows)
+        peak = max(r["peak_memory_gib"] for r in [r for r in self.rows if not r.get("profiled")] or self.rows)
         pred = ""
         if self.predicted_step_s is not None:
-            pred = f" (predicted {self.predicted_step_s:.4g} s, {self.predicted_peak_gib:.4g} GiB)"
+            pred = (f"; predicted {self.predicted_step_s:.4g} s (error {_pct(relative_error(self.predicted_step_s, t))}), "
+                    f"{self.predicted_peak_gib:.4g} GiB (error {_pct(relative_error(self.predicted_peak_gib, peak))})")
         return (f"steps {first['step']}-{last['step']}: loss {first['loss']:.4f} -> {last['loss']:.4f}, "
-                f"median step {t:.4g} s, {statistics.median(r['tokens_per_s'] or 0 for r in timed):.0f} tokens/s, "
-                f"peak {peak:.4g} GiB{pred}")
+                f"median step {t:.4g} s over {len(timed)} steps, "
+                f"{statistics.median(r['tokens_per_s'] or 0 for r in timed):.0f} tokens/s, peak {peak:.4g} GiB{pred}")
+
+
+def _pct(error: float | None) -> str:
+    return "n/a" if error is None else f"{error:+.1%}"

@@ -93,3 +93,13 @@ def test_show_draws_the_simulated_pipeline(tmp_path, capsys):
     bars = [line.split("|")[1] for line in lines]
     assert bars[0][0] == "F" and bars[3][0] == "."
     assert all("F" in bar and ("B" in bar or "r" in bar) for bar in bars)
+
+
+def test_estimate_exits_3_on_does_not_fit(capsys):
+    code = main(["estimate", "llama3-70b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "8", "--tp", "1",
+                 "--pp", "1", "--zero-stage", "0", "--schedule", "1f1b", "--micro-batch-size", "1"])
+    out = capsys.readouterr().out
+    assert code == 3 and "DOES NOT FIT" in out
+    code = main(["estimate", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--tp", "1",
+                 "--pp", "1", "--zero-stage", "0", "--schedule", "1f1b", "--micro-batch-size", "2", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["fits"] is True
