@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from autoplan.cost.schedule import build_schedule, check_schedule
+from autoplan.schema.schedule import build_schedule, check_schedule
 
 sys.path.insert(0, str(Path(__file__).parent / "runtime"))
 
