@@ -16,9 +16,11 @@ def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, d
               virtual_stages: int = 1, stage_sizes: list[int] | None = None, full: tuple[int, ...] = (),
               selective: tuple[int, ...] = (), zero: int = 0, sp: bool = False, offload: bool = False,
               micro_batch_size: int = 2, num_microbatches: int | None = None, seq_len: int = 32,
-              seed: int = 0, **training) -> Plan:
+              seed: int = 0, dropout: float | None = None, **training) -> Plan:
     """A validated Plan for cpu-local with tp*pp*dp devices, fp32 (exact comparisons need fp32)."""
     spec = model if isinstance(model, ModelSpec) else load_model(model)
+    if dropout is not None:
+        spec = dataclasses.replace(spec, dropout=dropout)
     if pp == 1 and schedule == "1f1b":
         schedule = "gpipe"  # one stage: the schedule is irrelevant; gpipe has no micro-batch floor
     n_mb = num_microbatches if num_microbatches is not None else max(2, pp)
