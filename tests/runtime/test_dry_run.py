@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from autoplan.cli.dry_run import ranks_of
 from autoplan.cost.local_params import local_params_per_rank
 from autoplan.schema import dump_plan, load_plan
 from rt_helpers import make_plan
@@ -43,17 +44,17 @@ def test_built_rank_holds_the_counted_parameters(kw):
 
 
 def test_cli_dry_run_of_a_planner_plan(tmp_path):
-    # the plan of issue 7's defect: tied embedding x TP x PP (+SP), as the planner writes it
+    # the plan of issue 7's defect: tied embedding x TP x PP (+SP), as the planner writes it; its last
+    # rank holds the head's copy of the embedding (one process per rank: one rank keeps the test short)
     path = tmp_path / "p.yaml"
     plan = planner_plan(path, "gpt-tiny", 4, {"tp": 2, "pp": 2, "dp": 1, "schedule": "1f1b"})
-    proc = subprocess.run([sys.executable, "-m", "autoplan.cli.main", "run", str(path), "--dry-run", "--json"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "autoplan.cli.main", "run", str(path), "--dry-run", "--rank", "3",
+                           "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout)
-    assert [r["rank"] for r in rows] == [0, 3]  # default: the first and the last rank
-    for r in rows:
-        assert r["local_params"] == r["expected_local_params"] == plan.predicted.local_params_per_rank[r["pp_rank"]]
-    assert rows[0]["stages"][0]["embedding"] and rows[1]["stages"][0]["head"]
+    [row] = json.loads(proc.stdout)
+    assert row["rank"] == 3 and row["stages"][0]["head"] and not row["stages"][0]["embedding"]
+    assert row["local_params"] == row["expected_local_params"] == plan.predicted.local_params_per_rank[1]
+    assert ranks_of(plan, None) == [0, 3]  # the default: the first and the last rank
 
 
 def test_cli_dry_run_refuses_a_rank_outside_the_plan(tmp_path):
