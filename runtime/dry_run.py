@@ -30,7 +30,11 @@ GIB = 1024 ** 3
 
 
 def held_params(models) -> int:
-    """Parameter elements a rank holds for forward/backward (see the module docstring)."""
+    """Parameter elements a rank holds for forward/backward (see the module docstring).
+
+    Reads FSDP2's per-parameter records (``FSDPParam``: padded shard size, unsharded size, and whether
+    its group reshards after forward): private attributes, but torch 2.13 has no public way to ask for
+    the padded shard FSDP2 allocates, and the meta parameters carry no storage to measure."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 

@@ -11,10 +11,11 @@ Values (nanoGPT / GPT-2): N(0, 0.02) for matrices and embeddings, the residual o
 last pipeline stage takes the embedding's name, hence its values.
 
 Cost at scale: each rank draws the full tensor of every parameter of its stages, one parameter at a time
-on its own device, so init time is proportional to the stage's unsharded parameter count (llama3-70b,
-3 of 6 stages per rank: ~36e9 values per rank, well under a second of GPU RNG) and the transient memory is
-the largest full parameter (the 128256 x 8192 embedding: 3.9 GiB in fp32); ranks holding shards of the
-same tensor repeat the draw instead of communicating.
+on its own device, so init time is proportional to the stage's unsharded parameter count (the planner's
+llama3-70b plan on 1024 GPUs, tp4 pp2 interleaved: rank 0 holds 41 blocks and the embedding, 36.1e9
+values to draw where it keeps 7.1e7) and the transient memory is the largest full parameter (the
+128256 x 8192 embedding: 3.9 GiB in fp32); ranks holding shards of the same tensor repeat the draw
+instead of communicating. Not measured on a GPU here.
 """
 
 from __future__ import annotations

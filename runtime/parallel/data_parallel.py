@@ -22,9 +22,11 @@ gradients) kept beside the whole copies; between steps (the optimizer step inclu
 are held, which is less. The communication is the same volume: one gradient reduce-scatter and one
 weight all-gather per step, against ZeRO-1's reduce-scatter + all-gather.
 Under pipeline parallelism torch's schedule runtime takes over the micro-batch handling for every
-stage: it defers the reduce-scatter to its REDUCE_GRAD action after the stage's last backward and keeps
-parameters unsharded between micro-batches (stage.py ``backward_maybe_with_nosync``), so under PP ZeRO
-2 and 3 behave like ZeRO 1 between micro-batches.
+stage (stage.py ``backward_maybe_with_nosync``, schedules.py UNSHARD / REDUCE_GRAD): it gathers a
+stage's parameters when the stage becomes active, does not reshard them after a micro-batch's backward,
+and reduce-scatters the gradients once, after the stage's last backward. So under PP, ZeRO 2 keeps whole
+gradients between micro-batches like ZeRO 1, and ZeRO 3 holds whole parameters for longer than the
+cost model's per-layer gathering assumes (it still reshards after each forward).
 """
 
 from __future__ import annotations
