@@ -1,5 +1,11 @@
-"""From a plan to this rank's runnable pieces, in torchtitan's order:
-stage split -> TP -> recomputation -> DP/ZeRO (FSDP2) -> PipelineStage + schedule, then the optimizer."""
+"""From a plan to this rank's runnable pieces, torchtitan's way: each local stage is built alone on the
+meta device, then TP -> recomputation -> DP/ZeRO (FSDP2) are applied to it while it holds no memory;
+only then is it materialised (``to_empty``: each rank allocates just its shards) and initialised with
+layout-free values (runtime/models/init.py). Then PipelineStage + the plan's schedule, and the optimizer.
+
+``materialize=False`` stops before ``to_empty``: what ``autoplan run --dry-run`` inspects (parameters
+and their sharding, layers per stage) for any plan size, on a fake process group.
+"""
 
 from __future__ import annotations
 
@@ -12,26 +18,29 @@ from torch import nn
 from autoplan.schema import Plan
 from runtime.device import MemoryMeter
 from runtime.mesh import ParallelMesh
-from runtime.models import build_model
+from runtime.models import build_stage_model
+from runtime.models.dropout import DropoutState, attach
+from runtime.models.init import init_buffers, init_parameters
 from runtime.parallel.data_parallel import apply_data_parallel
-from runtime.parallel.pipeline import build_pipeline, split_stage
+from runtime.parallel.pipeline import build_pipeline
 from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tensor_parallel import apply_tp
-from runtime.train.optim import build_optimizer, param_groups
+from runtime.train.optim import Optimizers
 
 
 @dataclass
 class Parts:
     """What one rank runs: its stage models (one per local stage), the schedule (None when there is a
-    single stage), the optimizer, and the tied-embedding bookkeeping."""
+    single stage), the optimizers (one per stage model), the dropout state, the tied-embedding bookkeeping."""
 
     models: list[nn.Module]
     stage_ids: list[int]
     schedule: object | None
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizers
     has_first: bool
     has_last: bool
     loss_parallel: bool
+    dropout: DropoutState
     tied_params: list[nn.Parameter] = field(default_factory=list)
     """Embedding on stage 0 / head on the last stage: the two copies whose grads are summed."""
     clip_excluded: set[int] = field(default_factory=set)
@@ -39,37 +48,56 @@ class Parts:
     def parameters(self) -> list[nn.Parameter]:
         return [p for m in self.models for p in m.parameters()]
 
-    def container(self) -> nn.Module:
-        """One module for DCP: the stage model itself, or a ModuleList when a rank holds several."""
-        return self.models[0] if len(self.models) == 1 else nn.ModuleList(self.models)
-
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token loss; logits [B, T, V] (fp32 for the softmax under autocast), targets [B, T]."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
-def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None) -> Parts:
+def local_stage_ids(plan: Plan, pp_rank: int) -> list[int]:
+    """Stages of one pipeline rank: ``i % pp == pp_rank`` (looped placement)."""
+    return [i for i in range(plan.num_stages) if i % plan.pp == pp_rank]
+
+
+def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool, meter: MemoryMeter | None,
+                materialize: bool) -> nn.Module:
+    """One stage of the plan for this rank: meta build, TP, recomputation, DP/ZeRO, then real memory."""
+    stage, last = plan.stages[stage_id], plan.num_stages - 1
+    model = build_stage_model(plan.model, plan.training.seq_len, range(*stage.layers), stage_id == 0,
+                              stage_id == last, device="meta")
+    if plan.tp > 1:
+        apply_tp(model, pm.tp_mesh, plan.sequence_parallel, loss_parallel)
+    apply_recompute(model, stage)
+    if meter is not None:
+        for block in model.blocks.values():
+            block.register_forward_hook(meter.hook)
+    apply_data_parallel(model, pm.dp_mesh, plan.zero_stage, plan.offload_optimizer)
+    if materialize:
+        # with offload FSDP2 keeps the sharded parameters on the host (torchtitan's init_device)
+        model.to_empty(device=torch.device("cpu") if plan.offload_optimizer else pm.device)
+        move_buffers(model, pm.device)
+        init_buffers(model)
+        init_parameters(model, plan.model, plan.training.seed)
+    return model
+
+
+def move_buffers(model: nn.Module, device: torch.device) -> None:
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.device != device:
+                module._buffers[name] = buf.to(device)
+
+
+def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, materialize: bool = True) -> Parts:
     num_stages = plan.num_stages
-    torch.manual_seed(plan.training.seed)  # every rank builds the same full model, then keeps its part
-    full = build_model(plan.model, device=pm.device, seq_len=plan.training.seq_len)
-    stage_ids = [i for i in range(num_stages) if i % plan.pp == pm.pp_rank]
+    stage_ids = local_stage_ids(plan, pm.pp_rank)
     # loss_parallel keeps logits vocab-sharded into the loss; only where we compute the loss ourselves
     # (one stage): the pipelining schedule computes it on plain tensors
     loss_parallel = plan.tp > 1 and num_stages == 1
-    models = []
-    for sid in stage_ids:
-        stage = plan.stages[sid]
-        model = split_stage(full, stage, num_stages) if num_stages > 1 else full
-        if plan.tp > 1:
-            apply_tp(model, pm.tp_mesh, plan.sequence_parallel, loss_parallel)
-        apply_recompute(model, stage)
-        if meter is not None:
-            for block in model.blocks.values():
-                block.register_forward_hook(meter.hook)
-        apply_data_parallel(model, pm.dp_mesh, plan.zero_stage, plan.offload_optimizer)
-        models.append(model)
-    del full
+    models = [build_stage(plan, pm, sid, loss_parallel, meter, materialize) for sid in stage_ids]
+    dropout = DropoutState(plan.training.seed)
+    for model in models:
+        attach(model, dropout)
     has_first, has_last = 0 in stage_ids, num_stages - 1 in stage_ids
     parts_kw = {}
     if plan.model.tie_embeddings and num_stages > 1:
@@ -81,10 +109,11 @@ def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None) 
             tied.append(head)
             parts_kw["clip_excluded"] = {id(head)}  # counted once, on the first stage (Megatron)
         parts_kw["tied_params"] = tied
-    zero1 = pm.group("dp") if plan.zero_stage == 1 and plan.dp > 1 and not plan.offload_optimizer else None
-    optimizer = build_optimizer(param_groups(models, plan.training.weight_decay), plan.training, zero1)
+    optimizer = Optimizers(models, plan.training)
     schedule = None
     if num_stages > 1:
-        schedule = build_pipeline(models, stage_ids, num_stages, plan.schedule, plan.num_microbatches,
-                                  cross_entropy, pm.device, pm.group("pp"))
-    return Parts(models, stage_ids, schedule, optimizer, has_first, has_last, loss_parallel, **parts_kw)
+        rows_per_replica = plan.training.global_batch_size // plan.dp
+        schedule = build_pipeline(models, stage_ids, num_stages, plan.schedule, plan.pp, plan.num_microbatches,
+                                  cross_entropy, pm.device, pm.group("pp"), dropout, plan.micro_batch_size,
+                                  pm.dp_rank * rows_per_replica)
+    return Parts(models, stage_ids, schedule, optimizer, has_first, has_last, loss_parallel, dropout, **parts_kw)

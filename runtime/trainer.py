@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -16,7 +15,7 @@ from autoplan.schema import Plan
 from runtime.build import Parts, build_parts, cross_entropy
 from runtime.device import GIB, MemoryMeter, autocast_dtype
 from runtime.mesh import ParallelMesh
-from runtime.parallel.data_parallel import local
+from runtime.parallel.data_parallel import local, set_microbatch_sync
 from runtime.train import checkpoint
 from runtime.train.data import TokenSource
 from runtime.train.metrics import MetricsLog
@@ -53,6 +52,7 @@ class Trainer:
         self.meter.reset()
         t0 = time.perf_counter()
         set_lr(parts.optimizer, lr_at(step, plan.training))
+        parts.dropout.step = step
         x, y = self.data.replica_batch(step, plan.training.global_batch_size, plan.dp, pm.dp_rank)
         x, y = x.to(pm.device), y.to(pm.device)
         parts.optimizer.zero_grad(set_to_none=True)
@@ -72,12 +72,14 @@ class Trainer:
         return StepResult(loss, float(norm), elapsed, max(per_rank), per_rank)
 
     def _single_stage(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Gradient accumulation over the plan's micro-batches; grads are reduced over dp on the last."""
-        model, n = self.parts.models[0], self.plan.num_microbatches
+        """Gradient accumulation over the plan's micro-batches; when grads are reduced over dp is the ZeRO
+        stage's choice (runtime/parallel/data_parallel.py)."""
+        plan, model, n = self.plan, self.parts.models[0], self.plan.num_microbatches
+        first_row = self.pm.dp_rank * (plan.training.global_batch_size // plan.dp)
         total = torch.zeros((), device=self.pm.device)
         for i, (xm, ym) in enumerate(zip(x.chunk(n), y.chunk(n))):
-            if isinstance(model, FSDPModule):
-                model.set_requires_gradient_sync(i == n - 1)
+            set_microbatch_sync(model, plan.zero_stage, i == n - 1)
+            self.parts.dropout.first_row = first_row + i * plan.micro_batch_size
             ctx = loss_parallel() if self.parts.loss_parallel else contextlib.nullcontext()
             with ctx:
                 with region(FORWARD, 0, i):
@@ -100,13 +102,20 @@ class Trainer:
 
     def _sum_tied_grads(self) -> None:
         """Tied embedding over pp > 1: sum the grads of the stage-0 embedding and the last-stage head copy
-        (Megatron's embedding-group all-reduce), so both copies take the same optimizer step."""
+        (Megatron's embedding-group all-reduce), so both copies take the same optimizer step.
+
+        The two copies have the same placements (vocabulary Shard(0) over tp, FSDP's Shard(0) over dp), but
+        their grads need not: the vocabulary-parallel embedding's backward leaves a Replicate grad
+        (the whole [V, H] on every TP rank) where the head's is Shard(0). Each grad is first put in its
+        parameter's placements, so the two ranks of a pair all-reduce tensors of the same shape."""
         group = self.pm.embedding_group
         if group is None:
             return
         for p in self.parts.tied_params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            elif isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
             dist.all_reduce(local(p.grad), group=group)
 
     def _global_loss(self, loss: torch.Tensor) -> float:
@@ -138,7 +147,7 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     if opts.resume and opts.checkpoint_dir:
         found = checkpoint.latest(opts.checkpoint_dir)
         if found is not None:
-            start = checkpoint.load(found, parts.container(), parts.optimizer)
+            start = checkpoint.load(found, parts.models, parts.optimizer, plan.model)
     rank0 = dist.get_rank() == 0
     pred = plan.predicted
     log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
@@ -159,7 +168,7 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
             print(f"step {row['step']:>5}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
                   f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB", flush=True)
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
-            checkpoint.save(opts.checkpoint_dir, step + 1, parts.container(), parts.optimizer)
+            checkpoint.save(opts.checkpoint_dir, step + 1, parts.models, parts.optimizer, plan.model)
     if tracer:
         tracer.finish(trainer.pm, {"model": plan.model.name, "device": trainer.pm.device.type, "tp": plan.tp,
                                    "pp": plan.pp, "dp": plan.dp, "zero_stage": plan.zero_stage,

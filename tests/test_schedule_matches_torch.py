@@ -1,16 +1,16 @@
-"""The pipeline schedules the cost model simulates (autoplan.cost.schedule.build_schedule) are the compute
-orders torch.distributed.pipelining runs.
+"""The pipeline schedules (autoplan.schema.schedule.build_schedule): the lists the cost model simulates
+are the ones the runtime executes, and they are torch's own schedules.
 
-Two checks:
-1. Single process, over a grid of (pp, micro-batches): our per-rank lists equal torch's schedule IR --
+1. Multi-process (gloo): the order torch actually *executed* in the test-matrix runs (recorded by hooks
+   on each stage module, tests/runtime/rt_worker.py) equals our lists, for all three schedules. Holds by
+   construction -- the runtime hands these lists to torch's ``_PipelineScheduleRuntime`` -- and this
+   checks the construction (tests/runtime/test_planner_plans.py checks it for every planner plan too).
+2. Single process, over a grid of (pp, micro-batches): our lists equal torch's schedule IR --
    ScheduleGPipe._get_pipeline_order(), Schedule1F1B._get_pipeline_order() (all ranks but the last, see
-   below) and ScheduleInterleaved1F1B._calculate_single_rank_operations() for v = 2, 3. The schedule
-   objects are made with __new__ and only the attributes those functions read.
-2. Multi-process (gloo): the order torch actually *executed* in the test-matrix runs (recorded by hooks
-   on each stage module, tests/runtime/rt_worker.py) equals our lists, for all three schedules.
-Torch 2.13's Schedule1F1B IR is wrong for the last rank (it starts at micro-batch 1 and ends at m), but
-its executed loop (_step_microbatches: min(m, pp - rank) warm-up forwards, then B/F alternation) runs
-F0 B0 F1 B1 ... there, which is our list; so for 1F1B the last rank is checked by part 2 only.
+   below) and ScheduleInterleaved1F1B._calculate_single_rank_operations() for v = 2, 3 -- so the
+   schedules we run are torch's (the objects are made with __new__ and only the attributes read).
+Torch 2.13's Schedule1F1B IR is wrong for the last rank (it starts at micro-batch 1 and ends at m); its
+own executed loop runs F0 B0 F1 B1 ... there, which is our list and what we now run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from autoplan.cost.schedule import build_schedule, check_schedule
+from autoplan.schema.schedule import build_schedule, check_schedule
 
 sys.path.insert(0, str(Path(__file__).parent / "runtime"))
 

@@ -10,7 +10,7 @@ import dataclasses
 import json
 
 from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec, workload_fn
-from autoplan.cost.estimate import estimate_layout, stages_from_shapes
+from autoplan.cost.estimate import estimate_layout, stages_from_shapes, with_local_params
 from autoplan.cost.evaluate import StageShape
 from autoplan.errors import SpecError
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label
@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     info = SolverInfo(name="given", status="FITS" if fits else "DOES_NOT_FIT", objective=predicted.step_time_s,
                       wall_s=0.0)
     if spec is not None:
+        predicted = with_local_params(predicted, spec, layout, training)
         plan = Plan(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}, model=spec,
                     cluster=cluster, training=training, predicted=predicted, solver=info)
         if args.output:

@@ -36,6 +36,11 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--trace", metavar="DIR", help="profile a few steps after warm-up into DIR (merged.json: the "
                    "measured step per rank, for autoplan compare --trace and Perfetto)")
+    p.add_argument("--dry-run", action="store_true", help="build ranks of the plan on the meta device with a fake "
+                   "process group (no training, no cluster) and compare their parameters with the plan's")
+    p.add_argument("--rank", type=int, action="append", help="with --dry-run: a rank to build (repeatable; default: "
+                   "rank 0 and the last rank)")
+    p.add_argument("--json", action="store_true", help="with --dry-run: print a JSON list, one object per rank")
     p.set_defaults(func=run)
 
 
@@ -57,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.schema import load_plan
 
     plan = load_plan(args.plan)
+    if args.dry_run:
+        from autoplan.cli.dry_run import dry_run
+        return dry_run(args.plan, plan, args.rank, args.json)
+    if args.rank or args.json:
+        raise SpecError(f"{'--rank' if args.rank else '--json'}: only with --dry-run")
     nproc = args.nproc or plan.world_size
     if nproc != plan.world_size:
         raise SpecError(f"--nproc {nproc}: the plan needs tp * pp * dp = {plan.world_size} processes")

@@ -7,11 +7,12 @@ import dataclasses
 from typing import Callable
 
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, path_of
+from autoplan.cost.local_params import local_params_per_rank
 from autoplan.cost.model_states import state_bytes_per_param
 from autoplan.cost.stage_table import Config, StageTable, build_table
 from autoplan.cost.workload import Workload
 from autoplan.schema import (
-    Cluster, Layout, MemoryBreakdown, Predicted, Stage, TimeBreakdown, TrainingSetup,
+    Cluster, Layout, MemoryBreakdown, ModelSpec, Predicted, Stage, TimeBreakdown, TrainingSetup,
 )
 
 GIB = 2**30
@@ -80,6 +81,12 @@ def predict(workload: Workload, cluster: Cluster, training: TrainingSetup, table
         time=time_breakdown(workload, table, shapes, evaluation),
         memory=memory_breakdown(workload, training, table, shapes, evaluation, peak_rank),
     )
+
+
+def with_local_params(predicted: Predicted, model: ModelSpec, layout: Layout, training: TrainingSetup) -> Predicted:
+    """The prediction with the exact per-rank parameter counts a plan file carries (needs the model spec,
+    which a measured profile may lack, hence not part of ``predict``)."""
+    return dataclasses.replace(predicted, local_params_per_rank=local_params_per_rank(model, layout, training))
 
 
 def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], ev: Evaluation) -> TimeBreakdown:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from autoplan.cost.schedule import Action, RankOrders
+from autoplan.schema.schedule import Action, RankOrders
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from functools import cached_property
 
 from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, collective_time_s, group_link, p2p_time_s
 from autoplan.cost.model_states import optimizer_step_bytes, state_bytes_per_param
-from autoplan.cost.schedule import RankOrders, build_schedule
+from autoplan.schema.schedule import RankOrders, build_schedule
 from autoplan.cost.workload import LayerCost, Workload
 from autoplan.schema import Cluster, TrainingSetup
 from autoplan.schema.plan import ParallelConfig as Config  # the search's name for it

@@ -195,6 +195,13 @@ class Predicted:
     """Device memory less the planner's margin: what peak_memory_gib must stay under."""
     time: TimeBreakdown
     memory: MemoryBreakdown
+    local_params_per_rank: tuple[int, ...] = ()
+    """Parameters one device of each pipeline rank holds, in rank order: its stages' tensors after the TP
+    split and, under ZeRO-3, its FSDP shard (each tensor's dim 0 cut into dp chunks of ceil(rows / dp),
+    the padded size FSDP2 allocates on every rank). Under ZeRO 0-2 every rank holds its TP-local tensors
+    whole during the step. A tied embedding under pp > 1 counts on both the first and the last rank (the
+    head keeps a copy). Exact, so ``autoplan run --dry-run`` can compare it with what the runtime builds;
+    empty in plans written before the field existed."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ class TrainingSetup:
     fp8 means the linear layers' GEMMs in fp8 with per-tensor scaling (Transformer Engine / torchao style)
     and everything else (attention, norms, activations, communication) in bf16."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
+    """adamw: torch.optim.AdamW (decoupled weight decay); sgd: torch.optim.SGD with momentum (L2 weight decay)."""
     memory_margin: float = 0.1
     """Share of device memory the planner keeps free (allocator fragmentation, NCCL buffers, workspace)."""
     attention: Literal["flash", "standard"] = "flash"
@@ -41,6 +42,13 @@ class TrainingSetup:
     warmup_steps: int = 10
     decay_steps: int = 1000
     weight_decay: float = 0.1
+    """On matrices only (dim >= 2), not on biases and norm weights (nanoGPT's rule)."""
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's moment decay rates (beta1, beta2); GPT-3 / Llama pre-training use (0.9, 0.95)."""
+    adam_eps: float = 1e-8
+    """AdamW's denominator term."""
+    sgd_momentum: float = 0.9
+    """SGD's momentum factor (0 keeps no momentum buffer)."""
     grad_clip: float = 1.0
     seed: int = 0
 
@@ -51,6 +59,11 @@ class TrainingSetup:
         require(self.learning_rate > 0, "learning_rate", "must be positive")
         require(self.warmup_steps >= 0 and self.decay_steps >= 1, "warmup_steps", "need warmup >= 0, decay >= 1")
         require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 disables clipping)")
+        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas), "adam_betas",
+                "needs two values in [0, 1), e.g. [0.9, 0.95]")
+        require(self.adam_eps > 0, "adam_eps", "must be positive, e.g. 1e-8")
+        require(0 <= self.sgd_momentum < 1, "sgd_momentum", "must be in [0, 1)")
 
     @property
     def mixed_precision(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.cost.estimate import layout_of, predict
+from autoplan.cost.estimate import layout_of, predict, with_local_params
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, Layout, ModelSpec, Plan, Predicted, SolverInfo, TrainingSetup
 from autoplan.search.planner import Candidate, SearchResult, search
@@ -20,6 +20,7 @@ def predicted_of(candidate: Candidate, cluster: Cluster, training: TrainingSetup
 def plan_of(model: ModelSpec, cluster: Cluster, training: TrainingSetup, candidate: Candidate,
             solver: SolverInfo | None) -> Plan:
     layout, predicted = predicted_of(candidate, cluster, training)
+    predicted = with_local_params(predicted, model, layout, training)
     fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}
     return Plan(**fields, model=model, cluster=cluster, training=training, predicted=predicted, solver=solver)
 

@@ -13,7 +13,11 @@ rely on):
 
 A pipeline stage sets ``embed`` (all but the first stage) and ``norm``/``head`` (all but the last) to
 None; ``forward`` skips what is None, so a stage's forward maps its input to its output.
-With ``tie_embeddings`` the head shares ``embed.tok.weight`` (``head.weight is embed.tok.weight``).
+With ``tie_embeddings`` the head shares ``embed.tok.weight`` (``head.weight is embed.tok.weight``); a last
+stage on another pipeline rank keeps its own copy, initialised from the embedding's name.
+
+Initial values come from ``runtime.models.init`` (a generator per parameter name), so they do not depend
+on the layout; dropout masks from ``runtime.models.dropout`` (seeded per element position), ditto.
 """
 
 from __future__ import annotations
@@ -23,19 +27,28 @@ from torch import nn
 
 from autoplan.schema import ModelSpec
 from runtime.models.gpt import GPT
+from runtime.models.init import init_parameters
 from runtime.models.llama import Llama
 
 
-def build_model(spec: ModelSpec, device: str | torch.device = "cpu", seq_len: int | None = None) -> nn.Module:
-    """The reference model for ``spec`` with fp32 parameters on ``device``.
+def build_model(spec: ModelSpec, device: str | torch.device = "cpu", seq_len: int | None = None,
+                seed: int = 0) -> nn.Module:
+    """The whole reference model for ``spec`` with fp32 parameters on ``device``, initialised from
+    ``seed`` (on ``meta``: shapes only). ``seq_len`` (default ``spec.seq_len``) sizes GPT's learned
+    position table and Llama's rotary cache."""
+    model = build_stage_model(spec, seq_len or spec.seq_len, None, True, True, device)
+    if torch.device(device).type != "meta":
+        init_parameters(model, spec, seed)
+    return model
 
-    Initialisation draws from torch's global RNG: seed it (``torch.manual_seed``) before calling so that
-    every rank builds identical weights. ``seq_len`` (default ``spec.seq_len``) sizes GPT's learned
-    position table and Llama's rotary cache.
-    """
+
+def build_stage_model(spec: ModelSpec, seq_len: int, layers, first: bool, last: bool,
+                      device: str | torch.device = "meta") -> nn.Module:
+    """One pipeline stage (blocks ``layers``; the embedding if ``first``; norm and head if ``last``),
+    uninitialised: on ``meta`` by default, so a rank of a 70B plan allocates nothing before sharding."""
     cls = {"gpt": GPT, "llama": Llama}[spec.architecture]
     with torch.device(device):
-        return cls(spec, seq_len or spec.seq_len)
+        return cls(spec, seq_len, layers, first, last)
 
 
-__all__ = ["GPT", "Llama", "build_model"]
+__all__ = ["GPT", "Llama", "build_model", "build_stage_model"]

@@ -3,12 +3,14 @@ and the skeleton forward that skips the parts a pipeline stage does not hold."""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from runtime.models.dropout import DropoutState, attention_with_dropout
 
 
 class AttentionCore(nn.Module):
@@ -22,6 +24,10 @@ class AttentionCore(nn.Module):
         super().__init__()
         self.dropout = dropout
         self.recompute = False
+        self.site = 0  # dropout bookkeeping (runtime/models/dropout.py)
+        self.state: DropoutState | None = None
+        self.head_shard = (0, 1)
+        """(tp_rank, tp): this rank holds heads [tp_rank * h/tp, (tp_rank + 1) * h/tp)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [B, h, T, d]; k, v: [B, kv, T, d] with h % kv == 0 (GQA when kv < h)
@@ -31,6 +37,8 @@ class AttentionCore(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         p = self.dropout if self.training else 0.0
+        if p > 0 and self.state is not None and not q.is_meta:
+            return attention_with_dropout(self, q, k, v)
         gqa = k.shape[1] != q.shape[1]
         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
 
@@ -54,12 +62,7 @@ class Skeleton(nn.Module):
             h = self.head(h)  # logits [B, T, V]
         return h
 
-    def init_weights(self, num_layers: int) -> None:
-        """nanoGPT/GPT-2 init: N(0, 0.02) everywhere, residual output projections scaled by 1/sqrt(2L)."""
-        for name, p in self.named_parameters():
-            if p.dim() == 1:
-                nn.init.ones_(p) if "norm" in name and name.endswith("weight") else nn.init.zeros_(p)
-            elif name.endswith(("attn.o.weight", "mlp.fc2.weight", "mlp.down.weight")):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * num_layers))
-            else:
-                nn.init.normal_(p, 0.0, 0.02)
+
+def stage_layers(num_layers: int, layers: Iterable[int] | None) -> list[int]:
+    """The global indices of the blocks a (stage) model holds: all of them by default."""
+    return list(range(num_layers)) if layers is None else list(layers)

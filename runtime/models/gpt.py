@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.schema import ModelSpec
-from runtime.models.common import AttentionCore, Skeleton
+from runtime.models.common import AttentionCore, Skeleton, stage_layers
+from runtime.models.dropout import LayoutFreeDropout, assign_sites
 
 
 class Embedding(nn.Module):
@@ -17,7 +18,7 @@ class Embedding(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.pos = nn.Embedding(seq_len, spec.hidden_size)
-        self.drop = nn.Dropout(spec.dropout)
+        self.drop = LayoutFreeDropout(spec.dropout)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
@@ -34,7 +35,7 @@ class Attention(nn.Module):
         self.head_dim = spec.head_dim
         self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
         self.core = AttentionCore(spec.dropout)
-        self.drop = nn.Dropout(spec.dropout)
+        self.drop = LayoutFreeDropout(spec.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -51,7 +52,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(spec.hidden_size, spec.ffn_hidden_size)
         self.fc2 = nn.Linear(spec.ffn_hidden_size, spec.hidden_size)
-        self.drop = nn.Dropout(spec.dropout)
+        self.drop = LayoutFreeDropout(spec.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.fc2(F.gelu(self.fc1(x))))  # [B, T, H] -> [B, T, F] -> [B, T, H]
@@ -71,12 +72,16 @@ class Block(nn.Module):
 
 
 class GPT(Skeleton):
-    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+    """The whole model, or one pipeline stage of it: ``layers`` (global block indices), with the
+    embedding when ``first`` and the final norm and head when ``last``. Parameters are left as the
+    constructors made them; ``runtime.models.init`` gives them their values."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int, layers=None, first: bool = True, last: bool = True) -> None:
         super().__init__()
-        self.embed = Embedding(spec, seq_len)
-        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
-        self.norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps)
-        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
-        self.init_weights(spec.num_layers)
-        if spec.tie_embeddings:
+        self.embed = Embedding(spec, seq_len) if first else None
+        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in stage_layers(spec.num_layers, layers)})
+        self.norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps) if last else None
+        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
+        if spec.tie_embeddings and first and last:
             self.head.weight = self.embed.tok.weight
+        assign_sites(self)

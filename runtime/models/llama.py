@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.schema import ModelSpec
-from runtime.models.common import AttentionCore, Skeleton
+from runtime.models.common import AttentionCore, Skeleton, stage_layers
+from runtime.models.dropout import LayoutFreeDropout, assign_sites
 
 
 class Embedding(nn.Module):
@@ -46,10 +47,17 @@ class Attention(nn.Module):
         self.v = nn.Linear(h, kv, bias=False)
         self.o = nn.Linear(h, h, bias=False)
         self.core = AttentionCore(spec.dropout)
+        self.seq_len, self.rope_theta = seq_len, spec.rope_theta
         cos, sin = rope_tables(seq_len, spec.head_dim, spec.rope_theta)
         # non-persistent: derived from the spec, so not part of checkpoints
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def init_buffers(self) -> None:
+        """Recompute the RoPE tables on the buffers' device (after a meta build and ``to_empty``)."""
+        cos, sin = rope_tables(self.seq_len, self.head_dim, self.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -70,7 +78,7 @@ class MLP(nn.Module):
         self.gate = nn.Linear(h, f, bias=False)
         self.up = nn.Linear(h, f, bias=False)
         self.down = nn.Linear(f, h, bias=False)
-        self.drop = nn.Dropout(spec.dropout)
+        self.drop = LayoutFreeDropout(spec.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.down(F.silu(self.gate(x)) * self.up(x)))
@@ -83,7 +91,7 @@ class Block(nn.Module):
         self.attn = Attention(spec, seq_len)
         self.mlp_norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
         self.mlp = MLP(spec)
-        self.drop = nn.Dropout(spec.dropout)
+        self.drop = LayoutFreeDropout(spec.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.attn_norm(x)))
@@ -91,12 +99,14 @@ class Block(nn.Module):
 
 
 class Llama(Skeleton):
-    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+    """The whole model or one pipeline stage of it (see GPT)."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int, layers=None, first: bool = True, last: bool = True) -> None:
         super().__init__()
-        self.embed = Embedding(spec)
-        self.blocks = nn.ModuleDict({str(i): Block(spec, seq_len) for i in range(spec.num_layers)})
-        self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
-        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
-        self.init_weights(spec.num_layers)
-        if spec.tie_embeddings:
+        self.embed = Embedding(spec) if first else None
+        self.blocks = nn.ModuleDict({str(i): Block(spec, seq_len) for i in stage_layers(spec.num_layers, layers)})
+        self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps) if last else None
+        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
+        if spec.tie_embeddings and first and last:
             self.head.weight = self.embed.tok.weight
+        assign_sites(self)

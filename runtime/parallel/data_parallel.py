@@ -1,32 +1,47 @@
-"""Data parallelism and ZeRO over the plan's dp axis.
+"""Data parallelism and ZeRO over the plan's dp axis, all on torch-native parts (FSDP2), so that every
+checkpoint goes through DCP's get_state_dict / set_state_dict and reshards into any layout.
 
 * ZeRO 0: ``replicate`` (torch's FSDP2-based DDP, torch.distributed._composable.replicate_with_fsdp).
-  Why not classic ``DistributedDataParallel``: it does not accept DTensor (TP) parameters, and the plans
-  compose DP with TP; ``replicate`` does, and it works with the pipelining schedules and DCP.
-* ZeRO 1: ``replicate`` + ``Zero1AdamW`` below (ZeroRedundancyOptimizer's algorithm: each dp rank keeps
-  AdamW state for, and steps, only its share of the parameters, then the owners broadcast them).
-  Why our own: ZeroRedundancyOptimizer broadcasts whole parameters with c10d, which fails on DTensor
-  parameters, and its state does not go through DCP's get_state_dict.
-* ZeRO 2 / 3: FSDP2 ``fully_shard`` per block then the root, ``reshard_after_forward`` False / True.
-* ``offload_optimizer``: FSDP2 with ``CPUOffloadPolicy`` (for ZeRO 1 too: FSDP2 is the torch-native
-  path that keeps optimizer state and step on the host; ZeRO 1 then also shards gradients, which only
-  saves memory and is numerically the same).
+  Why not classic ``DistributedDataParallel``: it does not accept DTensor (TP) parameters.
+* ZeRO 1 and 2: FSDP2 ``fully_shard`` per block then the stage root, ``reshard_after_forward=False``:
+  parameters are all-gathered once per step and kept whole through every micro-batch's forward and
+  backward (``set_reshard_after_backward`` only on the last), the optimizer state and step are sharded
+  over dp. ZeRO 1 reduce-scatters the gradients once, after the last micro-batch
+  (``set_requires_gradient_sync`` only then); ZeRO 2 after every micro-batch, so only gradient shards
+  are kept between micro-batches.
+* ZeRO 3: the same with ``reshard_after_forward=True``: each block's parameters are gathered for its
+  forward and again for its backward.
+* ``offload_optimizer``: FSDP2's ``CPUOffloadPolicy``: the sharded parameters, gradients and the
+  optimizer state and step live on the host.
+
+How this ZeRO 1 differs from the cost model's (Rajbhandari et al. 2020, stage 1: weights and gradients
+whole on every rank at all times, 4 + K/N_d bytes per parameter in mixed precision): during forward and
+backward the memory is the same -- whole weights, whole gradients accumulated over the micro-batches,
+K/N_d of optimizer state -- plus FSDP2's own 1/N_d shard of weights (and, after the reduce-scatter, of
+gradients) kept beside the whole copies; between steps (the optimizer step included) only the shards
+are held, which is less. The communication is the same volume: one gradient reduce-scatter and one
+weight all-gather per step, against ZeRO-1's reduce-scatter + all-gather.
+Under pipeline parallelism torch's schedule runtime takes over the micro-batch handling for every
+stage (stage.py ``backward_maybe_with_nosync``, schedules.py UNSHARD / REDUCE_GRAD): it gathers a
+stage's parameters when the stage becomes active, does not reshard them after a micro-batch's backward,
+and reduce-scatters the gradients once, after the stage's last backward. So under PP, ZeRO 2 keeps whole
+gradients between micro-batches like ZeRO 1, and ZeRO 3 holds whole parameters for longer than the
+cost model's per-layer gathering assumes (it still reshards after each forward).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
 
 def apply_data_parallel(model: nn.Module, dp_mesh, zero_stage: int, offload: bool) -> nn.Module:
     """Wrap one stage model for its dp group in place (no-op for dp = 1 without offload)."""
     if dp_mesh.size() == 1 and not offload:
         return model
-    if zero_stage <= 1 and not offload:
+    if zero_stage == 0:
         replicate(model, mesh=dp_mesh)
         return model
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
@@ -37,66 +52,18 @@ def apply_data_parallel(model: nn.Module, dp_mesh, zero_stage: int, offload: boo
     return model
 
 
+def set_microbatch_sync(model: nn.Module, zero_stage: int, last: bool) -> None:
+    """Before a micro-batch's backward without pipelining: whether its gradients are reduced and its
+    parameters resharded after it. ZeRO 0 and 1 reduce once, on the last micro-batch; 2 and 3 every time
+    (their gradients stay sharded between micro-batches). ZeRO 1 and 2 keep the parameters whole until
+    the last; ZeRO 3 reshards after every backward."""
+    if not isinstance(model, FSDPModule):
+        return
+    model.set_requires_gradient_sync(last or zero_stage >= 2)
+    if zero_stage in (1, 2):
+        model.set_reshard_after_backward(last)
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (sharing storage), or the tensor itself."""
     return t._local_tensor if hasattr(t, "_local_tensor") else t
-
-
-class Zero1AdamW(torch.optim.AdamW):
-    """AdamW with state sharded over the dp group (ZeRO stage 1).
-
-    Parameters are assigned to dp ranks greedily by size (largest first, to the least loaded rank), the
-    same on every rank. Each rank builds AdamW over its own parameters only; after ``step`` every
-    parameter is broadcast from its owner, so all replicas hold the same weights. Gradients must
-    already be averaged over dp (``replicate`` does that in backward).
-    """
-
-    def __init__(self, param_groups: list[dict], dp_group, **kwargs) -> None:
-        self.dp_group = dp_group
-        size, me = dist.get_world_size(dp_group), dist.get_rank(dp_group)
-        everything = [p for g in param_groups for p in g["params"]]
-        load = [0] * size
-        self.owner: dict[int, int] = {}
-        for p in sorted(everything, key=lambda q: -q.numel()):  # stable sort: ties keep model order
-            r = load.index(min(load))
-            self.owner[id(p)] = r
-            load[r] += p.numel()
-        self.all_params = everything
-        mine = [{**g, "params": [p for p in g["params"] if self.owner[id(p)] == me]} for g in param_groups]
-        super().__init__([g for g in mine if g["params"]] or [{"params": []}], **kwargs)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        # every parameter has a grad (the dp reduction fills them all), not only the ones this rank steps
-        for p in self.all_params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
-
-    @torch.no_grad()
-    def sharded_state(self) -> dict[str, torch.Tensor]:
-        """This rank's AdamW state as plain tensors under rank-unique names, for DCP to save or fill in place.
-
-        Why not get_state_dict: DCP keeps one copy of non-tensor entries (param_groups) from one rank, but
-        here every rank's optimizer holds different parameters, so the groups would come back wrong.
-        Missing state (before the first step) is created as zeros so that a load has somewhere to write.
-        """
-        me = dist.get_rank()
-        out = {}
-        for i, p in enumerate(self.all_params):
-            if self.owner[id(p)] != dist.get_rank(self.dp_group):
-                continue
-            st = self.state[p]
-            if not st:
-                st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-            for name, t in st.items():
-                out[f"rank{me}.param{i}.{name}"] = local(t)
-        return out
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = super().step(closure)
-        for p in self.all_params:
-            src = dist.get_global_rank(self.dp_group, self.owner[id(p)])
-            dist.broadcast(local(p), src=src, group=self.dp_group)
-        return loss

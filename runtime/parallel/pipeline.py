@@ -1,46 +1,66 @@
-"""Pipeline parallelism: the plan's stage split and torch.distributed.pipelining's schedules.
+"""Pipeline parallelism: the plan's stages, and the plan's own action lists run by torch's interpreter.
 
-Stages are cut by hand (runtime-notes §3): each stage is a deep copy of the full model keeping only the
-blocks in ``stage.layers``; ``embed`` is dropped from all but stage 0 and ``norm``/``head`` from all but
-the last. Block keys stay global ("5"), so a stage's parameter names are the full model's.
-Stage ``i`` runs on pipeline rank ``i % pp`` (looped placement, what ScheduleInterleaved1F1B expects).
+Stage ``i`` runs on pipeline rank ``i % pp`` (looped placement) and is built alone (runtime/build.py):
+its blocks keep their global keys ("5"), so its parameter names are the full model's.
+
+One schedule source: the per-rank compute lists come from ``autoplan.schema.schedule.build_schedule``
+-- the very lists the cost model simulates -- and are handed to torch.distributed.pipelining's
+``_PipelineScheduleRuntime`` (``_prepare_schedule_with_comms``: torch's lowering passes add the sends,
+receives, FSDP unshard/reshard and the once-per-step gradient reduction, then its interpreter runs
+them). So the executed compute order equals the simulated one for GPipe, 1F1B and interleaved 1F1B.
+Why the private class: torch 2.13 exposes running a caller's action list only there (``_load_csv``
+reads the same lists from a file); its public GPipe/1F1B classes keep their own hand-written loops.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
 
-from autoplan.schema import Stage
+from autoplan.schema.schedule import build_schedule
+from runtime.models.dropout import DropoutState
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
-
-
-def split_stage(full: nn.Module, stage: Stage, num_stages: int) -> nn.Module:
-    """The sub-model of one pipeline stage (a deep copy: ``full`` is left whole)."""
-    model = copy.deepcopy(full)
-    first, stop = stage.layers
-    for key in [k for k in model.blocks if not first <= int(k) < stop]:
-        del model.blocks[key]
-    if stage.index != 0:
-        model.embed = None
-    if stage.index != num_stages - 1:
-        model.norm = None
-        model.head = None
-    return model
+KINDS = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
 
 
-def build_pipeline(models: list[nn.Module], stage_ids: list[int], num_stages: int, schedule: str,
-                   num_microbatches: int, loss_fn: Callable, device: torch.device, pp_group):
-    """PipelineStage for each local stage model and the plan's schedule over them."""
-    stages = [PipelineStage(m, i, num_stages, device, group=pp_group) for m, i in zip(models, stage_ids)]
-    cls = SCHEDULES[schedule]
-    # scale_grads=True (default): each micro-batch loss is a mean, grads are divided by the micro-batch
-    # count, so the step's gradient is the mean over the replica's batch, as in the serial run.
-    if schedule == "interleaved":
-        return cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
-    return cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn)
+class KeyedStage(PipelineStage):
+    """A PipelineStage that tells the dropout state which micro-batch it is computing, so that masks
+    are seeded by global row (runtime/models/dropout.py), also when a backward recomputes a forward."""
+
+    def __init__(self, *args, dropout: DropoutState, micro_batch_size: int, replica_first_row: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dropout, self.micro_batch_size, self.replica_first_row = dropout, micro_batch_size, replica_first_row
+
+    def _at(self, chunk: int) -> None:
+        self.dropout.first_row = self.replica_first_row + chunk * self.micro_batch_size
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+        self._at(fwd_chunk_id)
+        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs):
+        self._at(bwd_chunk_id)
+        return super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+
+
+def torch_actions(schedule: str, pp: int, virtual_stages: int, num_microbatches: int) -> dict[int, list[_Action]]:
+    """The plan's per-rank compute lists as torch's schedule IR ("2F0" -> _Action(2, FORWARD, 0))."""
+    orders = build_schedule(schedule, pp, virtual_stages, num_microbatches)
+    return {rank: [_Action(a.stage, KINDS[a.kind], a.microbatch) for a in actions] for rank, actions in orders.items()}
+
+
+def build_pipeline(models: list[nn.Module], stage_ids: list[int], num_stages: int, schedule: str, pp: int,
+                   num_microbatches: int, loss_fn: Callable, device: torch.device, pp_group,
+                   dropout: DropoutState, micro_batch_size: int, replica_first_row: int) -> _PipelineScheduleRuntime:
+    """A PipelineStage per local stage model and torch's interpreter loaded with the plan's lists."""
+    stages = [KeyedStage(m, i, num_stages, device, group=pp_group, dropout=dropout, micro_batch_size=micro_batch_size,
+                         replica_first_row=replica_first_row) for m, i in zip(models, stage_ids)]
+    # scale_grads=True: each micro-batch loss is a mean and grads are divided by the micro-batch count,
+    # so the step's gradient is the mean over the replica's batch, as in the serial run
+    runtime = _PipelineScheduleRuntime(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    runtime._prepare_schedule_with_comms(torch_actions(schedule, pp, num_stages // pp, num_microbatches))
+    return runtime

@@ -10,8 +10,9 @@ cross-entropy runs on the shards (no [B, T, V] all-gather).
 Sequence parallel (Korthikanti 2022): norms run on sequence shards (``SequenceParallel``); the block
 inputs are all-gathered (``PrepareModuleInput`` Shard(1) -> Replicate) and o/fc2/down reduce-scatter to
 Shard(1). Activations between blocks, and between pipeline stages, are then [B, T/tp, H] local tensors.
-Dropout in the embedding runs before the sequence split (identical inputs on every TP rank, but each
-rank draws its own mask; exact comparisons use dropout 0).
+Dropout: masks are seeded per element position (runtime/models/dropout.py); ``apply_tp`` tells each
+block's dropout sites which heads (attention core) and, under SP, which sequence shard (residual
+dropouts) this rank holds. GPT's embedding dropout runs before the sequence split, on the whole sequence.
 """
 
 from __future__ import annotations
@@ -59,4 +60,19 @@ def apply_tp(model: nn.Module, tp_mesh, sp: bool, loss_parallel: bool) -> nn.Mod
         parallelize_module(model, tp_mesh, plan)
     if tied:  # both are Shard(0) over the vocabulary: re-share the one DTensor parameter
         model.head.weight = model.embed.tok.weight
+    shard_dropout_sites(model, tp_mesh.get_local_rank(), tp_mesh.size(), sp)
     return model
+
+
+def shard_dropout_sites(model: nn.Module, tp_rank: int, tp: int, sp: bool) -> None:
+    """Which part of the global activations this rank's dropout sites see: heads [tp_rank * h/tp, ...)
+    in the attention core; under SP, the residual dropouts' sequence shard tp_rank of tp."""
+    from runtime.models.common import AttentionCore
+    from runtime.models.dropout import LayoutFreeDropout
+
+    for block in model.blocks.values():
+        for module in block.modules():
+            if isinstance(module, AttentionCore):
+                module.head_shard = (tp_rank, tp)
+            elif isinstance(module, LayoutFreeDropout) and sp:
+                module.seq_shard = (tp_rank, tp)

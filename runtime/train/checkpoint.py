@@ -1,7 +1,13 @@
 """Checkpoints with torch.distributed.checkpoint (DCP): model + optimizer (+ step = data position) + RNG.
 
-Model and optimizer go through get_state_dict/set_state_dict (so a checkpoint can be loaded into another
-layout), except ZeRO-1 optimizer shards, which are saved per rank and load only into the same layout.
+Every layout writes and reads the same names, the full model's: each stage model keeps the full
+model's parameter names (blocks keyed by global index), each stage has its own optimizer, and the state
+is the union of the stages' ``get_model_state_dict`` / flattened ``get_optimizer_state_dict``
+(torchtitan's ModelWrapper / OptimizersContainer), so a rank holding several interleaved stages writes
+the same keys as the ranks of any other layout. Parameters and optimizer state are DTensors (TP, FSDP2,
+replicate) or plain tensors, which DCP reshards on load: a checkpoint loads into any tp / pp / dp / ZeRO.
+A tied embedding is stored once, as ``embed.tok.weight``; a last stage on another pipeline rank, whose
+head holds a copy, saves nothing for it and loads the copy (and its optimizer state) from that name.
 
 Layout: ``DIR/step_N/`` holds DCP's files, ``rng_rank{r}.pt`` per rank and ``COMPLETE``. A save writes
 into ``DIR/step_N.tmp/``; after every rank has finished (barrier) rank 0 writes COMPLETE and renames the
@@ -19,19 +25,54 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+    set_optimizer_state_dict,
 )
 
+from autoplan.schema import ModelSpec
+from runtime.train.optim import Optimizers
 
-def _state(model: nn.Module, optimizer) -> dict:
-    # the FQNs are the full model's (blocks keep their global index) for a single stage per rank
-    if hasattr(optimizer, "sharded_state"):  # ZeRO-1: per-rank optimizer shards (see Zero1AdamW)
-        return {"model": get_model_state_dict(model), "zero1": optimizer.sharded_state()}
-    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions())
-    return {"model": msd, "optim": osd}
+TIED, TIED_COPY = "embed.tok.weight", "head.weight"
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def save(directory: str, step: int, model: nn.Module, optimizer) -> Path:
+def _renamed(state: dict, old: str, new: str) -> dict:
+    """Model keys ``old`` and flattened optimizer keys ``state.old.*`` / ``param_groups.old.*`` renamed."""
+    def rename(key: str) -> str:
+        if key == old:
+            return new
+        for kind in ("state.", "param_groups."):
+            if key.startswith(kind + old + "."):
+                return kind + new + key[len(kind + old):]
+        return key
+    return {rename(k): v for k, v in state.items()}
+
+
+def _holds_tied_copy(model: nn.Module, spec: ModelSpec) -> bool:
+    """A last stage whose head is a copy of the tied embedding held by another pipeline rank."""
+    return spec.tie_embeddings and getattr(model, "head", None) is not None and getattr(model, "embed", None) is None
+
+
+def _part_state(model: nn.Module, optimizer, spec: ModelSpec) -> tuple[dict, dict]:
+    msd = get_model_state_dict(model)
+    osd = get_optimizer_state_dict(model, optimizer, options=FLAT)  # also creates empty state to load into
+    if _holds_tied_copy(model, spec):
+        return _renamed(msd, TIED_COPY, TIED), _renamed(osd, TIED_COPY, TIED)
+    if spec.tie_embeddings:
+        msd.pop(TIED_COPY, None)  # the same tensor as embed.tok.weight
+    return msd, osd
+
+
+def _state(models: list[nn.Module], optimizers: Optimizers, spec: ModelSpec) -> dict:
+    model_sd, optim_sd = {}, {}
+    for model, optimizer in zip(models, optimizers.optimizers):
+        msd, osd = _part_state(model, optimizer, spec)
+        model_sd |= msd
+        optim_sd |= osd
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def save(directory: str, step: int, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec) -> Path:
     root = Path(directory)
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
     rank = dist.get_rank()
@@ -39,7 +80,7 @@ def save(directory: str, step: int, model: nn.Module, optimizer) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
+    dcp.save(_state(models, optimizer, spec), checkpoint_id=str(tmp))
     rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     torch.save({"step": step, "rng": rng}, tmp / f"rng_rank{rank}.pt")
     dist.barrier()  # every rank's shard and RNG file is on disk
@@ -58,16 +99,22 @@ def latest(directory: str) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
-def load(path: Path, model: nn.Module, optimizer) -> int:
-    """Restore in place; returns the number of optimizer steps already taken."""
-    state = _state(model, optimizer)  # also creates empty Adam state for DCP to fill (runtime-notes §7)
-    dcp.load(state, checkpoint_id=str(path))
-    if "zero1" in state:  # DCP loaded the optimizer shards in place
-        set_model_state_dict(model, state["model"])
-    else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    extra = torch.load(path / f"rng_rank{dist.get_rank()}.pt", weights_only=False)
-    torch.set_rng_state(extra["rng"]["torch"])
-    if extra["rng"]["cuda"] is not None:
-        torch.cuda.set_rng_state(extra["rng"]["cuda"])
-    return int(extra["step"])
+def load(path: Path, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec) -> int:
+    """Restore in place, from a checkpoint of any layout; returns the number of optimizer steps taken."""
+    state = _state(models, optimizer, spec)
+    dcp.load(state, checkpoint_id=str(path))  # fills the tensors of ``state`` in place
+    for model, opt in zip(models, optimizer.optimizers):
+        msd, osd = state["model"], state["optim"]
+        if _holds_tied_copy(model, spec):
+            msd, osd = _renamed(msd, TIED, TIED_COPY), _renamed(osd, TIED, TIED_COPY)
+        set_model_state_dict(model, msd, options=StateDictOptions(strict=False))  # other stages' keys too
+        set_optimizer_state_dict(model, opt, osd, options=FLAT)
+    # nothing in training draws from torch's RNG (data, init and dropout masks have their own seeded
+    # generators), so the RNG files are restored where the rank existed in the saving layout, else skipped
+    rng_file = path / f"rng_rank{dist.get_rank()}.pt"
+    if rng_file.exists():
+        extra = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(extra["rng"]["torch"])
+        if extra["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(extra["rng"]["cuda"])
+    return int((path / "COMPLETE").read_text())

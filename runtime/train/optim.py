@@ -1,4 +1,5 @@
-"""AdamW, the LR schedule (linear warm-up then cosine decay) and gradient clipping across all axes."""
+"""The plan's optimizer (AdamW or SGD with its hyper-parameters), the LR schedule (linear warm-up then
+cosine decay) and gradient clipping across all axes."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from torch.distributed.tensor import DTensor, Replicate
 from autoplan.schema import TrainingSetup
 
 
-def param_groups(models: list[nn.Module], weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay matrices (dim >= 2), not biases and norm weights (nanoGPT's rule)."""
-    params = [p for m in models for p in m.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
@@ -28,7 +29,7 @@ def lr_at(step: int, t: TrainingSetup) -> float:
     return t.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (t.learning_rate - t.min_learning_rate)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def set_lr(optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
 
@@ -81,9 +82,33 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stage_ranks: int
     return norm
 
 
-def build_optimizer(groups: list[dict], t: TrainingSetup, zero1_group=None) -> torch.optim.Optimizer:
-    kwargs = dict(lr=t.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=False)
-    if zero1_group is not None:
-        from runtime.parallel.data_parallel import Zero1AdamW
-        return Zero1AdamW(groups, zero1_group, **kwargs)
-    return torch.optim.AdamW(groups, **kwargs)
+def build_optimizer(model: nn.Module, t: TrainingSetup) -> torch.optim.Optimizer:
+    """The plan's optimizer over one stage model's parameters (sharded ones step only their shard).
+
+    foreach=False: a stage mixes DTensors of different meshes (tp; dp x tp) and plain tensors, which
+    the multi-tensor kernels cannot group."""
+    groups = param_groups(model, t.weight_decay)
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=t.learning_rate, momentum=t.sgd_momentum, foreach=False)
+    return torch.optim.AdamW(groups, lr=t.learning_rate, betas=t.adam_betas, eps=t.adam_eps, foreach=False)
+
+
+class Optimizers:
+    """One optimizer per stage model of this rank, stepped together (torchtitan's OptimizersContainer):
+    each stage's optimizer state is then keyed by that stage's parameter names -- the full model's --
+    so checkpoints do not depend on how many stages a rank holds."""
+
+    def __init__(self, models: list[nn.Module], t: TrainingSetup) -> None:
+        self.optimizers = [build_optimizer(m, t) for m in models]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self.optimizers for g in opt.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()

@@ -8,7 +8,7 @@ import pytest
 from autoplan.cost.activations import block_saved_bytes
 from autoplan.cost.flops import model_flops_per_step, narayanan_flops_per_step
 from autoplan.cost.model_states import state_bytes_per_param
-from autoplan.cost.schedule import build_schedule
+from autoplan.schema.schedule import build_schedule
 from autoplan.cost.simulate import simulate
 from autoplan.schema import ModelSpec, TrainingSetup
 

@@ -9,7 +9,7 @@ import pytest
 
 from autoplan.cli.common import workload_fn
 from autoplan.cli.main import main
-from autoplan.cost.schedule import build_schedule
+from autoplan.schema.schedule import build_schedule
 from autoplan.report.chrome_trace import lane_of, simulated_trace
 from autoplan.report.simulated import simulate_plan
 from autoplan.schema import load_plan

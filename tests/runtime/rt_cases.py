@@ -18,6 +18,16 @@ CASES: dict[int, dict[str, dict]] = {
         "dp2_zero2": dict(dp=2, zero=2),
         "dp2_zero3": dict(dp=2, zero=3),
         "dp2_zero3_offload": dict(dp=2, zero=3, offload=True),
+        # the plan's optimizer: SGD with momentum (lr 5e-2: SGD needs a larger step than AdamW to move)
+        "dp2_zero1_sgd": dict(dp=2, zero=1, optimizer="sgd", learning_rate=5e-2, sgd_momentum=0.8),
+        "pp2_interleaved_sgd": dict(pp=2, schedule="interleaved", virtual_stages=2, num_microbatches=4,
+                                    optimizer="sgd", learning_rate=5e-2),
+        # dropout 0.1: masks seeded by element position (runtime/models/dropout.py), so every layout draws
+        # the serial run's masks: under TP (+SP), under PP with recomputation (which reruns dropout) and DP
+        "tp2_dropout": dict(tp=2, dropout=0.1),
+        "tp2_sp_dropout": dict(tp=2, sp=True, dropout=0.1),
+        "pp2_1f1b_dropout_full_recompute": dict(pp=2, schedule="1f1b", num_microbatches=4, dropout=0.1, full=(1, 6)),
+        "dp2_zero2_dropout": dict(dp=2, zero=2, dropout=0.1, micro_batch_size=1, num_microbatches=2),
     },
     4: {
         "tp4": dict(tp=4),
@@ -34,6 +44,11 @@ CASES: dict[int, dict[str, dict]] = {
         # another summation order would do the same); at 1e-3 the norms match to 4e-7
         "llama_tp2_pp2": dict(model="llama-tiny", tp=2, pp=2, schedule="1f1b", num_microbatches=2,
                               learning_rate=1e-3),
+        "llama_tp2_sp_pp2_dropout_selective": dict(model="llama-tiny", tp=2, pp=2, sp=True, schedule="1f1b",
+                                                   num_microbatches=2, dropout=0.1, selective=(1, 2, 5, 6),
+                                                   learning_rate=1e-3),
+        "gpt_tp2_sp_pp2_interleaved_tied": dict(tp=2, pp=2, sp=True, schedule="interleaved", virtual_stages=2,
+                                                num_microbatches=2),
     },
     8: {
         "tp8": dict(tp=8),

@@ -16,9 +16,11 @@ def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, d
               virtual_stages: int = 1, stage_sizes: list[int] | None = None, full: tuple[int, ...] = (),
               selective: tuple[int, ...] = (), zero: int = 0, sp: bool = False, offload: bool = False,
               micro_batch_size: int = 2, num_microbatches: int | None = None, seq_len: int = 32,
-              seed: int = 0, **training) -> Plan:
+              seed: int = 0, dropout: float | None = None, **training) -> Plan:
     """A validated Plan for cpu-local with tp*pp*dp devices, fp32 (exact comparisons need fp32)."""
     spec = model if isinstance(model, ModelSpec) else load_model(model)
+    if dropout is not None:
+        spec = dataclasses.replace(spec, dropout=dropout)
     if pp == 1 and schedule == "1f1b":
         schedule = "gpipe"  # one stage: the schedule is irrelevant; gpipe has no micro-batch floor
     n_mb = num_microbatches if num_microbatches is not None else max(2, pp)
@@ -44,26 +46,33 @@ def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, d
 def serial_run(plan: Plan, steps: int, data_path: str | None = None) -> tuple[list[float], list[float]]:
     """The same model and global batches trained in one process with plain PyTorch: the reference.
 
-    Shares only the model code, the data source and the LR formula with the runtime; the optimizer
-    step, clipping (torch.nn.utils.clip_grad_norm_) and the loss are written out here independently.
+    Shares only the model code (with its initial values and dropout masks), the data source and the LR
+    formula with the runtime; the optimizer, clipping (torch.nn.utils.clip_grad_norm_) and the loss are
+    written out here independently, with torch's default (foreach) kernels.
     """
     import torch
     import torch.nn.functional as F
 
     from runtime.models import build_model
+    from runtime.models.dropout import DropoutState, attach
     from runtime.train.data import TokenSource
     from runtime.train.optim import lr_at
 
     t = plan.training
-    torch.manual_seed(t.seed)
-    model = build_model(plan.model, seq_len=t.seq_len)
+    model = build_model(plan.model, seq_len=t.seq_len, seed=t.seed)
+    dropout = DropoutState(t.seed)  # the whole global batch at once: its first row is row 0
+    attach(model, dropout)
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    if t.optimizer == "sgd":
+        opt = torch.optim.SGD(groups, lr=t.learning_rate, momentum=t.sgd_momentum)
+    else:
+        opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=t.adam_betas, eps=t.adam_eps)
     data = TokenSource(plan.model.vocab_size, t.seq_len, t.seed, data_path)
     losses, norms = [], []
     for step in range(steps):
+        dropout.step = step
         for g in opt.param_groups:
             g["lr"] = lr_at(step, t)
         x, y = data.global_batch(step, t.global_batch_size)

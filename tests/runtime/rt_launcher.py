@@ -33,3 +33,14 @@ def matrix_results(world: int) -> dict:
             raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
                                f"{proc.stderr[-6000:]}")
         return json.loads(out.read_text())
+
+
+def job_results(world: int, jobs: list[dict], folder: Path) -> dict:
+    """Run plan-file jobs (rt_worker.py's "jobs" mode) in one launch of ``world`` ranks; rank 0's JSON."""
+    jobs_file, out = folder / f"jobs_w{world}.json", folder / f"out_w{world}.json"
+    jobs_file.write_text(json.dumps(jobs))
+    proc = torchrun(world, [str(HERE / "rt_worker.py"), "jobs", str(out), str(jobs_file)])
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())

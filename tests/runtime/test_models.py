@@ -54,3 +54,65 @@ def test_selective_recompute_same_grads(name):
         grads.append([p.grad.clone() for p in model.parameters()])
     # recomputation reruns the same kernels on the same inputs: bitwise equal on CPU
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny"])
+def test_stage_built_alone_on_meta_equals_the_full_models_part(name):
+    """Layout-free init: a stage built alone on meta, materialised and initialised holds exactly the full
+    model's values for its blocks (and, for the last stage of a tied model, the embedding's values)."""
+    from runtime.models import build_stage_model
+    from runtime.models.init import init_buffers, init_parameters
+
+    spec = load_model(name)
+    full = build_model(spec, seed=3)
+    stage = build_stage_model(spec, spec.seq_len, range(5, 8), first=False, last=True)
+    stage.to_empty(device="cpu")
+    init_buffers(stage)
+    init_parameters(stage, spec, seed=3)
+    whole = dict(full.named_parameters())
+    for fqn, p in stage.named_parameters():
+        source = "embed.tok.weight" if fqn == "head.weight" and spec.tie_embeddings else fqn
+        assert torch.equal(p, whole[source]), fqn
+    for fqn, b in stage.named_buffers():
+        assert torch.equal(b, dict(full.named_buffers())[fqn]), fqn
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny"])
+def test_dropout_masks_do_not_depend_on_micro_batching(name):
+    """Dropout 0.1, training mode: a batch of 4 at once and as two micro-batches of 2 (the second told it
+    starts at global row 2) give the same logits -- the masks follow the global row, not the call."""
+    import dataclasses
+
+    from runtime.models.dropout import DropoutState, attach
+
+    spec = dataclasses.replace(load_model(name), dropout=0.1)
+    model = build_model(spec, seq_len=16).train()
+    state = DropoutState(seed=0, step=4)
+    attach(model, state)
+    x = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
+    whole = model(x)
+    halves = []
+    for first in (0, 2):
+        state.first_row = first
+        halves.append(model(x[first:first + 2]))
+    assert torch.equal(torch.cat(halves), whole)
+    state.step = 5  # another step draws other masks
+    state.first_row = 0
+    assert not torch.equal(model(x), whole)
+
+
+def test_sequence_shards_of_a_dropout_mask_tile_the_whole_mask():
+    """Under sequence parallel each TP rank draws its rows' full [T, H] masks and keeps its shard: the
+    shards of tp ranks put together are the unsharded mask."""
+    from runtime.models.dropout import DropoutState, LayoutFreeDropout
+
+    drop = LayoutFreeDropout(0.5).train()
+    drop.state = DropoutState(seed=7, step=1, first_row=3)
+    ones = torch.ones(2, 8, 4)
+    whole = drop(ones)
+    shards = []
+    for rank in range(4):
+        drop.seq_shard = (rank, 4)
+        shards.append(drop(ones[:, rank * 2:(rank + 1) * 2]))
+    assert torch.equal(torch.cat(shards, dim=1), whole)
+    assert 0 < (whole == 0).float().mean() < 1

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from autoplan.cost.schedule import build_schedule
+from autoplan.schema.schedule import build_schedule
 from autoplan.schema.trace import check_trace
 from autoplan.schema import load_plan
 from rt_launcher import ROOT

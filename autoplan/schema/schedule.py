@@ -1,11 +1,16 @@
 """Pipeline schedules as data: for each pipeline rank, the ordered list of compute actions it runs.
 
-One schedule, two users: the cost model simulates these lists (``simulate.py``), and the runtime runs
-torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B, whose
-``pipeline_order`` is tested to be exactly these lists (tests/test_schedule_matches_torch.py). The
-generators below restate torch 2.13's algorithms (``_get_pipeline_order`` of GPipe and 1F1B,
-``_get_1f1b_rank_ops`` of interleaved 1F1B) without importing torch, so planning stays torch-free.
-Only compute order matters here; torch's idle slots (None) and REDUCE_GRAD markers carry no work.
+One schedule, two users, one source: the cost model simulates these lists (``cost/simulate.py``) and the
+runtime hands these very lists to torch.distributed.pipelining's schedule interpreter
+(``_PipelineScheduleRuntime``, runtime/parallel/pipeline.py), which adds the sends and receives and runs
+them; so the simulated order is the executed order by construction, for every schedule. The lists are
+part of the contract (they follow from the plan's schedule, pp, virtual_stages and num_microbatches),
+hence here in ``autoplan.schema``, torch-free.
+
+GPipe and interleaved 1F1B are torch 2.13's orders (``ScheduleGPipe._get_pipeline_order``,
+``ScheduleInterleaved1F1B._calculate_single_rank_operations``; tests/test_schedule_matches_torch.py).
+1F1B is PipeDream-flush as torch's Schedule1F1B *executes* it (its IR for the last rank is off by one
+micro-batch in 2.13, which no longer matters: we run our list, not torch's).
 
 An action prints as torch prints it: ``2F0`` is the forward of micro-batch 0 on stage 2, ``1B3`` the
 backward of micro-batch 3 on stage 1.

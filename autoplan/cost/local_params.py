@@ -1,0 +1,83 @@
+"""How many parameters one device of each pipeline rank holds: tensor by tensor, exactly as the runtime's
+DTensor TP and FSDP2 shard them, so that ``autoplan run --dry-run`` can compare a built rank with the plan.
+
+Per tensor: the TP split divides one dimension by tp (column-parallel matrices, their biases and the
+vocabulary-parallel embedding/head on dim 0; row-parallel matrices on dim 1; norms and row-parallel
+biases stay whole, runtime/parallel/tensor_parallel.py). Under ZeRO-3 FSDP2 then cuts the TP-local
+tensor's dim 0 into dp chunks of ceil(rows / dp) and allocates that padded chunk on every rank
+(``FSDPParam.padded_sharded_param_size``), so every device of a pipeline rank holds the same count.
+Under ZeRO 0-2 a device holds its TP-local tensors whole for forward and backward (FSDP2 without
+resharding after forward), which is the count the ZeRO-1/2 memory model assumes.
+
+The shapes restate runtime/models (gpt.py, llama.py); tests/runtime compare this count with the
+built modules. GPT's learned position table has ``training.seq_len`` rows, the length the runtime builds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoplan.schema import Layout, ModelSpec, TrainingSetup
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    shape: tuple[int, ...]
+    tp_dim: int | None
+    """The dimension TP splits, or None for a tensor every TP rank holds whole."""
+
+
+def block_tensors(model: ModelSpec) -> list[ParamTensor]:
+    h, f = model.hidden_size, model.ffn_hidden_size
+    col, row, whole = 0, 1, None
+    if model.architecture == "gpt":  # q, k, v, o are all [h, h] with biases (runtime/models/gpt.py)
+        norms = [ParamTensor((h,), whole)] * 4  # two LayerNorms, weight and bias
+        attn = [ParamTensor((h, h), col), ParamTensor((h,), col)] * 3 + [ParamTensor((h, h), row),
+                                                                          ParamTensor((h,), whole)]
+        mlp = [ParamTensor((f, h), col), ParamTensor((f,), col), ParamTensor((h, f), row), ParamTensor((h,), whole)]
+        return norms + attn + mlp
+    kv = model.kv_size
+    norms = [ParamTensor((h,), whole)] * 2  # two RMSNorms
+    attn = [ParamTensor((h, h), col), ParamTensor((kv, h), col), ParamTensor((kv, h), col), ParamTensor((h, h), row)]
+    mlp = [ParamTensor((f, h), col), ParamTensor((f, h), col), ParamTensor((h, f), row)]
+    return norms + attn + mlp
+
+
+def embedding_tensors(model: ModelSpec, seq_len: int) -> list[ParamTensor]:
+    tok = [ParamTensor((model.vocab_size, model.hidden_size), 0)]
+    return tok + ([ParamTensor((seq_len, model.hidden_size), None)] if model.architecture == "gpt" else [])
+
+
+def head_tensors(model: ModelSpec, separate_copy: bool) -> list[ParamTensor]:
+    """Final norm and output projection; a tied projection is the embedding's unless the last stage is
+    on another pipeline rank, which then keeps its own copy."""
+    h = model.hidden_size
+    norm = [ParamTensor((h,), None)] * (2 if model.architecture == "gpt" else 1)
+    projection = [ParamTensor((model.vocab_size, h), 0)]
+    return norm + (projection if separate_copy or not model.tie_embeddings else [])
+
+
+def local_numel(t: ParamTensor, tp: int, dp: int, zero_stage: int) -> int:
+    shape = list(t.shape)
+    if t.tp_dim is not None:
+        shape[t.tp_dim] //= tp
+    if zero_stage == 3:
+        shape[0] = math.ceil(shape[0] / dp)
+    return math.prod(shape)
+
+
+def local_params_per_rank(model: ModelSpec, layout: Layout, training: TrainingSetup) -> tuple[int, ...]:
+    """Parameters one device of each pipeline rank holds (see Predicted.local_params_per_rank)."""
+    last = layout.num_stages - 1
+    counts = []
+    for rank in range(layout.pp):
+        tensors: list[ParamTensor] = []
+        for stage in layout.stages[rank::layout.pp]:
+            tensors += block_tensors(model) * stage.num_layers
+            if stage.index == 0:
+                tensors += embedding_tensors(model, training.seq_len)
+            if stage.index == last:
+                tensors += head_tensors(model, separate_copy=layout.pp > 1)
+        counts.append(sum(local_numel(t, layout.tp, layout.dp, layout.zero_stage) for t in tensors))
+    return tuple(counts)
