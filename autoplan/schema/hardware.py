@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_physical, require_range
 
 Precision = Literal["bf16", "fp16", "fp32"]
 
@@ -25,6 +25,11 @@ class MatmulPoint:
     k: int
     dtype: Precision
     tflops: float
+
+    def validate(self) -> None:
+        for field in ("m", "n", "k"):
+            require_range(self, field, 1, 2**24)
+        require_range(self, "tflops", 0.0, 1e6, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -53,13 +58,9 @@ class DeviceProfile:
     matmul_points: tuple[MatmulPoint, ...] = ()
 
     def validate(self) -> None:
-        for field in ("memory_gib", "memory_bandwidth_gb_per_s", "peak_bf16_tflops", "peak_fp16_tflops",
-                      "peak_fp32_tflops", "host_link_gb_per_s", "host_adam_gparams_per_s"):
-            require(getattr(self, field) > 0, field, "must be positive")
-        for field in ("matmul_efficiency", "memory_efficiency"):
-            require(0 < getattr(self, field) <= 1, field, "must be in (0, 1]")
-        require(self.matmul_half_size_gflop >= 0, "matmul_half_size_gflop", "must be >= 0")
-        require(self.kernel_overhead_us >= 0, "kernel_overhead_us", "must be >= 0")
+        require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
+        # every field with a unit suffix: peaks and bandwidths > 0, times >= 0, efficiencies in (0, 1]
+        require_physical(self)
 
     def peak_tflops(self, precision: Precision) -> float:
         return {"bf16": self.peak_bf16_tflops, "fp16": self.peak_fp16_tflops, "fp32": self.peak_fp32_tflops}[precision]

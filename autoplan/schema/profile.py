@@ -21,8 +21,9 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import dump_yaml, load_yaml, read_yaml, require
+from autoplan.schema._io import dump_yaml, load_yaml, read_yaml, require, require_physical, require_range
 from autoplan.schema.hardware import Precision
+from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES_PER_NODE, MAX_HIDDEN_SIZE, MAX_PARAMS, MAX_SEQ_LEN
 
 PROFILE_VERSION = 1
 LayerKind = Literal["embedding", "block", "head"]
@@ -57,6 +58,11 @@ class TpShard:
     fwd_time_s: float | None = None
     bwd_time_s: float | None = None
 
+    def validate(self) -> None:
+        require_range(self, "tp", 1, MAX_DEVICES_PER_NODE)
+        require_range(self, "params", 0, MAX_PARAMS)
+        require_physical(self)  # flops, bytes and times >= 0
+
 
 @dataclass(frozen=True)
 class LayerMeasurement:
@@ -77,9 +83,8 @@ class LayerMeasurement:
         return next((s for s in self.tp_shards if s.tp == tp), None)
 
     def validate(self) -> None:
-        require(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1")
-        for field in ("fwd_flops", "saved_activation_bytes", "output_bytes"):
-            require(getattr(self, field) >= 0, field, "must be >= 0")
+        require_range(self, "micro_batch_size", 1, MAX_BATCH_SIZE)
+        require_physical(self)  # flops, bytes and times >= 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,10 @@ class LayerProfile:
     tp_splits: tuple[TpSplit, ...]
     measurements: tuple[LayerMeasurement, ...]
     """One per micro-batch size of the profile, in the same order."""
+
+    def validate(self) -> None:
+        require_range(self, "params", 0, MAX_PARAMS)
+        require_range(self, "param_bytes", 0, 16 * MAX_PARAMS)
 
     def measurement(self, micro_batch_size: int) -> LayerMeasurement:
         for m in self.measurements:
@@ -130,7 +139,16 @@ class ModelProfile:
     def validate(self) -> None:
         require(self.version == PROFILE_VERSION, "version", f"expected {PROFILE_VERSION}; re-run autoplan profile")
         require(len(self.micro_batch_sizes) >= 1, "micro_batch_sizes", "profile at least one micro-batch size")
-        require(all(t >= 1 for t in self.tp_sizes), "tp_sizes", "must be at least 1")
+        require(all(1 <= b <= MAX_BATCH_SIZE for b in self.micro_batch_sizes), "micro_batch_sizes",
+                f"each must be in [1, {MAX_BATCH_SIZE}]")
+        require(len(set(self.micro_batch_sizes)) == len(self.micro_batch_sizes), "micro_batch_sizes",
+                "must be distinct")
+        require(all(1 <= t <= MAX_DEVICES_PER_NODE for t in self.tp_sizes), "tp_sizes",
+                f"each must be in [1, {MAX_DEVICES_PER_NODE}]")
+        require_range(self, "seq_len", 1, MAX_SEQ_LEN)
+        require_range(self, "hidden_size", 1, MAX_HIDDEN_SIZE)
+        require_range(self, "total_params", 0, MAX_PARAMS)
+        require_range(self, "tied_params", 0, MAX_PARAMS)
         require(len(self.layers) >= 1, "layers", "a profile needs at least one layer")
         require(sum(layer.params for layer in self.layers) == self.total_params, "total_params",
                 "must equal the sum of the layers' params")
