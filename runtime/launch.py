@@ -64,7 +64,7 @@ def _main(args: argparse.Namespace) -> int:
     from runtime.train.data import TokenSource
     from runtime.trainer import RunOptions, Trainer, run
     from runtime.train.lock import DirectoryLock
-    from runtime.train.watchdog import quiet_schedule_logs, timeout_of
+    from runtime.train.watchdog import quiet_schedule_logs, set_timeout
     from runtime.validate import check_plan
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -76,7 +76,7 @@ def _main(args: argparse.Namespace) -> int:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
     lock = DirectoryLock(args.checkpoint_dir).acquire() if args.checkpoint_dir and os.environ["RANK"] == "0" else None
     quiet_schedule_logs()
-    dist.init_process_group(backend, timeout=timeout_of(args.timeout))
+    dist.init_process_group(backend, timeout=set_timeout(args.timeout))
     pm = build_mesh(plan.pp, plan.dp, plan.tp, device, plan.model.tie_embeddings and plan.num_stages > 1)
     trainer = Trainer(plan, pm, data)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,

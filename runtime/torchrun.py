@@ -7,9 +7,8 @@ CRITICAL (the workers' logging is untouched), and its ChildFailedError becomes:
 
 * a line for each rank killed by a signal other than the SIGTERM torchrun itself sends to stop the
   survivors (such a rank could not speak for itself), and
-* an exit status the launcher (``autoplan run``) can act on: the status of a rank that stopped on
-  purpose (2 bad input, 3 non-finite, see ``runtime/train/watchdog.py``), else 128 + the signal of a
-  killed rank, else the first failure's status.
+* an exit status the launcher (``autoplan run``) can act on (``status_of``; the statuses are listed
+  in ``runtime/train/watchdog.py``).
 """
 
 from __future__ import annotations
@@ -31,16 +30,19 @@ def _signal_name(number: int) -> str:
 
 
 def status_of(failures: dict) -> int:
-    """The job's exit status from torchrun's {global rank: ProcessFailure}."""
-    codes = [f.exitcode for f in failures.values()]
-    for code in DELIBERATE:
+    """The job's exit status from torchrun's {global rank: ProcessFailure}: the cause, not its echoes.
+    A rank that stopped on purpose (2, 3) or timed out (4) explains the job; else a rank killed by a
+    signal other than the SIGTERM torchrun sends the survivors (128 + signal); else the first other
+    failure (5: a rank that lost its peers, 1: a bug)."""
+    codes = [f.exitcode for f in sorted(failures.values(), key=lambda f: f.timestamp)]
+    for code in (*DELIBERATE, 4):
         if code in codes:
             return code
-    killed = [c for c in codes if c < 0 and c != -signal.SIGTERM] or [c for c in codes if c < 0]
+    killed = [c for c in codes if c < 0 and c != -signal.SIGTERM]
     if killed:
         return 128 - killed[0]
-    first = min(failures.values(), key=lambda f: f.timestamp)
-    return first.exitcode if first.exitcode > 0 else 1
+    positive = [c for c in codes if c > 0]
+    return positive[0] if positive else 128 + signal.SIGTERM
 
 
 def _quiet_torchrun_logs() -> None:

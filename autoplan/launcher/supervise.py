@@ -175,7 +175,7 @@ def run_attempts(make_cmd, env: dict[str, str], max_restarts: int, newest_checkp
         if status == 0 or status in DELIBERATE or attempt == max_restarts:
             return status
         newest = newest_checkpoint()
-        start = f"resuming from {newest}" if newest is not None else "from step 1 (no checkpoint yet)"
+        start = f"from {newest}" if newest is not None else "from step 1 (no checkpoint yet)"
         print(f"autoplan run: attempt {attempt + 1} failed ({why(status)}); restarting {start} "
               f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
     return status

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import reprlib
 import types
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -63,9 +64,13 @@ def _join(where: str, name: str) -> str:
     return f"{where}{name}" if name.startswith("[") else f"{where}.{name}"
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 60, 60
+
+
 def _show(value: Any, width: int = 60) -> str:
-    """A value for an error message: its repr, cut to ``width`` characters (one line, whatever it holds)."""
-    text = repr(value)
+    """A value for an error message: a bounded repr (an alias bomb is never expanded), one line."""
+    text = _REPR.repr(value)
     return text if len(text) <= width else text[:width - 3] + "..."
 
 

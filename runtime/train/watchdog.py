@@ -1,8 +1,8 @@
 """The hang watchdog and the one line a rank prints when a collective or pipeline action fails.
 
-The watchdog is torch's own: every collective and point-to-point wait of the process group gives up after
-``init_process_group(timeout=...)`` (``--timeout``, default 300 s) -- gloo raises in the waiting rank,
-NCCL's watchdog thread aborts the process. What torch does not do is say *what* waited: gloo's message
+The watchdog is torch's own: every collective and point-to-point wait of a process group gives up after
+the group's timeout (``--timeout``, default 300 s, given to every group: ``set_timeout``) -- gloo raises
+in the waiting rank, NCCL's watchdog thread aborts the process. What torch does not do is say *what* waited: gloo's message
 names a recv buffer, and a pipeline schedule logs its whole action table first. ``describe`` reads the
 traceback instead: the pipeline action the schedule was running (``1F3`` = stage 1, forward, micro-batch
 3), else the torch.distributed call and the runtime function that made it, and the training step.
@@ -30,8 +30,19 @@ _PEER_WORDS = ("connection closed", "connection reset", "broken pipe", "connecti
                "nccl error", "ncclremoteerror", "ncclsystemerror")
 
 
-def timeout_of(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds)
+def set_timeout(seconds: float) -> timedelta:
+    """The timeout for every process group this process creates, before the first one is created.
+
+    ``init_process_group(timeout=...)`` sets it for the world group only: ``new_group(timeout=None)``
+    takes the backend's default (30 min gloo, 10 min NCCL) and DeviceMesh passes None for its pp/dp/tp
+    groups, with no public way to pass one. So the defaults torch reads at each ``new_group`` are set
+    here (``distributed_c10d.default_pg_timeout`` / ``default_pg_nccl_timeout``)."""
+    from torch.distributed import distributed_c10d
+
+    timeout = timedelta(seconds=seconds)
+    distributed_c10d.default_pg_timeout = timeout
+    distributed_c10d.default_pg_nccl_timeout = timeout
+    return timeout
 
 
 def quiet_schedule_logs() -> None:
@@ -59,16 +70,11 @@ def _action(tb: TracebackType | None) -> str:
             our_call = f"{path.split('/runtime/')[-1]}:{line} {name}"
             if name == "run" and isinstance(frame.f_locals.get("step"), int):
                 step = frame.f_locals["step"] + 1
-    parts = []
-    if action is not None:
-        parts.append(f"pipeline action {action}")
-    if dist_call is not None:
-        parts.append(dist_call)
+    what = " ".join(p for p in (f"pipeline action {action}" if action is not None else None, dist_call) if p)
+    what = what or "a collective"
     if our_call is not None:
-        parts.append(f"called from runtime/{our_call}")
-    if step is not None:
-        parts.append(f"step {step}")
-    return ", ".join(parts) or "a collective"
+        what += f" (runtime/{our_call})"
+    return f"step {step}: {what}" if step is not None else what
 
 
 def describe(err: BaseException, timeout_s: float) -> tuple[str, int] | None:
@@ -101,6 +107,14 @@ def first_to_report() -> bool:
         return True
 
 
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def report(err: BaseException, rank: int, timeout_s: float) -> int | None:
     """Print the one line for a failure that ends training (a non-finite stop, a timeout, a lost peer)
     and return runtime.launch's exit status; None for anything else (a bug: it keeps its traceback)."""
@@ -111,6 +125,7 @@ def report(err: BaseException, rank: int, timeout_s: float) -> int | None:
     if isinstance(err, NonFiniteStop):
         if rank == 0:  # every rank stops at the same step with the same numbers
             print(f"runtime.launch: {err}", file=sys.stderr, flush=True)
+        _teardown()  # all ranks are here, so leave as a finished run does (no abort at exit)
         return NON_FINITE_EXIT
     described = describe(err, timeout_s)
     if described is None:
