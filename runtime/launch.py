@@ -56,6 +56,9 @@ def _main(args: argparse.Namespace) -> int:
         raise SpecError("--checkpoint-every: must be >= 0")
     if not 0 < args.timeout < float("inf"):
         raise SpecError(f"--timeout: {args.timeout} must be a positive number of seconds")
+    if args.metrics is not None and os.environ.get("RANK", "0") == "0":  # `autoplan run` checked it already
+        from autoplan.schema._files import check_writable
+        check_writable(args.metrics, "--metrics")
 
     import torch.distributed as dist
 

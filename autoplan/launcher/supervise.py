@@ -90,6 +90,8 @@ class Job:
         previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
             self.proc = subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=_die_with_parent)
+            if self.stop_signal is not None:  # the signal came while torchrun was being started
+                os.killpg(self.proc.pid, signal.SIGTERM)
             while True:
                 try:
                     returncode = self.proc.wait(timeout=0.25)

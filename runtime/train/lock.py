@@ -25,8 +25,12 @@ class DirectoryLock:
         self._fd: int | None = None
 
     def acquire(self) -> "DirectoryLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise SpecError(f"--checkpoint-dir {folder}: cannot use it ({err.strerror}); give a writable folder") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -230,6 +230,19 @@ def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
+EDGE_NUMBERS = st.sampled_from([math.nan, math.inf, -math.inf, -1, -1.0, 0, 0.0, -0.0, 1e30, 2**70, 10**12, 1e-300])
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _get(doc: Any, path: tuple) -> Any:
+    for key in path:
+        doc = doc[key]
+    return doc
+
+
 def _set(doc: Any, path: tuple, value: Any, delete: bool = False) -> None:
     for key in path[:-1]:
         doc = doc[key]
@@ -245,11 +258,14 @@ def damaged_yaml(draw, text: str) -> str:
     for _ in range(draw(st.integers(1, 2))):
         paths = _paths(doc)
         path = draw(st.sampled_from(paths))
-        op = draw(st.sampled_from(["replace", "replace", "replace", "scale", "delete", "add"]))
+        op = draw(st.sampled_from(["replace", "replace", "edge", "edge", "scale", "delete", "add"]))
         target = doc
         for key in path:
             target = target[key]
-        if op == "scale" and isinstance(target, (int, float)) and not isinstance(target, bool):
+        numbers = [p for p in paths if _is_number(_get(doc, p))]
+        if op == "edge" and numbers:  # a number field set to what no number field may hold
+            _set(doc, draw(st.sampled_from(numbers)), draw(EDGE_NUMBERS))
+        elif op == "scale" and isinstance(target, (int, float)) and not isinstance(target, bool):
             factor = draw(st.sampled_from([-1, 0, 10**3, 10**9, 10**15, 1e-9, 1e300]))
             _set(doc, path, type(target)(target * factor) if isinstance(target, int) and isinstance(factor, int)
                  else float(target) * factor)
@@ -426,7 +442,9 @@ def outcome_of_cli(argv: list[str], output: Path | None) -> tuple[str, str]:
             code = main(argv)
     except Blocked as exc:
         return "slow", str(exc)
-    except BaseException as exc:  # noqa: BLE001 - SystemExit included: main() must return
+    except SystemExit as exc:  # what the console script would exit with (argparse does this)
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # noqa: BLE001 - what the fuzz looks for
         return "traceback", f"{type(exc).__name__}: {str(exc)[:200]}"
     cpu = time.process_time() - t0
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
