@@ -629,6 +629,9 @@ def survey(n: int) -> dict[str, int]:
         counts[outcome[0]] = counts.get(outcome[0], 0) + 1
         if outcome[0] not in ("refused", "accepted"):
             print(f"{outcome[0]}: {outcome[1][:150]}  <- {what}", flush=True)
+    os.chdir(ROOT)
+    import shutil
+    shutil.rmtree(folder, ignore_errors=True)
     return counts
 
 
