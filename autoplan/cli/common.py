@@ -11,6 +11,7 @@ from autoplan.cost.workload import analytic_workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
 from autoplan.schema.hf_config import is_hf_config, spec_from_hf_config
+from autoplan.schema._io import validated
 from autoplan.schema.profile import ModelProfile, is_profile_file, load_profile
 
 
@@ -79,17 +80,21 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
     default_seq = model.seq_len if isinstance(model, ModelSpec) else (model.seq_len or 1)
     cluster = load_cluster(args.cluster)
     overrides = {k: v for k, v in (("num_nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
-    cluster = dataclasses.replace(cluster, **overrides)
+    # options change loaded objects: check the result exactly as a file would be checked (bounds, finiteness)
+    cluster = validated(dataclasses.replace(cluster, **overrides),
+                        {"num_nodes": "--nodes", "devices_per_node": "--devices-per-node"})
     precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
     if precision == "fp8" and cluster.device.peak_fp8_tflops <= 0:
         raise SpecError(f"--precision fp8: {cluster.device.name} has no fp8 tensor cores (its profile's "
                         "peak_fp8_tflops is 0); use bf16, or an H100/H200/H800/B200 cluster")
     if not 0 <= args.memory_margin < 1:
         raise SpecError(f"--memory-margin: must be in [0, 1), got {args.memory_margin}")
-    training = TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or default_seq,
-                             precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
-                             attention=args.attention, grad_accumulation_fusion=args.grad_accumulation_fusion,
-                             overlap_grad_reduce=args.overlap_grad_reduce)
+    training = validated(
+        TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or default_seq,
+                      precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
+                      attention=args.attention, grad_accumulation_fusion=args.grad_accumulation_fusion,
+                      overlap_grad_reduce=args.overlap_grad_reduce),
+        {"global_batch_size": "--global-batch-size", "seq_len": "--seq-len", "memory_margin": "--memory-margin"})
     return model, cluster, training
 
 

@@ -31,6 +31,9 @@ def register(subparsers) -> None:
 
 
 def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, global_batch: int) -> Layout:
+    if args.dp is None and num_devices % (args.tp * args.pp):
+        raise SpecError(f"--tp/--pp: tp x pp = {args.tp * args.pp} does not divide the cluster's {num_devices} devices; "
+                        "give --dp or other sizes")
     dp = args.dp or num_devices // (args.tp * args.pp)
     v = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
     if global_batch % (dp * args.micro_batch_size):

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_physical, require_range
 from autoplan.schema.hardware import DeviceProfile
+from autoplan.schema.limits import MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_NODES
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,7 @@ class Link:
     """Per-hop (alpha) latency of one ring step, microseconds."""
 
     def validate(self) -> None:
-        require(self.bandwidth_gb_per_s > 0, "bandwidth_gb_per_s", "must be positive")
-        require(self.latency_us >= 0, "latency_us", "must be >= 0")
+        require_physical(self)  # bandwidth in (0, 1e9] GB/s, latency in [0, 1e8] us
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,13 @@ class Cluster:
     """Fixed start-up cost of one collective call, on top of its per-step latency, microseconds."""
 
     def validate(self) -> None:
-        require(self.devices_per_node >= 1, "devices_per_node", "must be at least 1")
-        require(self.num_nodes >= 1, "num_nodes", "must be at least 1")
-        require(self.collective_latency_us >= 0, "collective_latency_us", "must be >= 0")
+        require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
+        require_range(self, "devices_per_node", 1, MAX_DEVICES_PER_NODE)
+        require_range(self, "num_nodes", 1, MAX_NODES)
+        require(self.num_devices <= MAX_DEVICES, "num_nodes",
+                f"{self.num_nodes} x {self.devices_per_node} = {self.num_devices:,} devices; no cluster has more "
+                f"than {MAX_DEVICES:,}")
+        require_physical(self)  # collective_latency_us in [0, 1e8]
 
     @property
     def num_devices(self) -> int:

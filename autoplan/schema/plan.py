@@ -20,8 +20,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_range
 from autoplan.schema.cluster import Cluster
+from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_LAYERS
 from autoplan.schema.model import ModelSpec
 from autoplan.schema.training import TrainingSetup
 
@@ -85,8 +86,12 @@ class Layout(ParallelConfig):
         return self.tp * self.pp * self.dp
 
     def validate(self) -> None:
-        for name in ("tp", "pp", "dp", "virtual_stages", "micro_batch_size", "num_microbatches"):
-            require(getattr(self, name) >= 1, name, "must be at least 1")
+        for name, high in (("tp", MAX_DEVICES_PER_NODE), ("pp", MAX_LAYERS), ("dp", MAX_DEVICES),
+                           ("virtual_stages", MAX_LAYERS), ("micro_batch_size", MAX_BATCH_SIZE),
+                           ("num_microbatches", MAX_BATCH_SIZE)):
+            require_range(self, name, 1, high)
+        require(self.world_size <= MAX_DEVICES, "dp",
+                f"tp * pp * dp = {self.world_size:,} devices; no cluster has more than {MAX_DEVICES:,}")
         require(self.zero_stage in (0, 1, 2, 3), "zero_stage", f"{self.zero_stage} is not 0, 1, 2 or 3")
         require(not (self.sequence_parallel and self.tp == 1), "sequence_parallel",
                 "needs tp > 1 (sequence parallel splits the norms across the TP group)")
@@ -203,6 +208,14 @@ class Predicted:
     head keeps a copy). Exact, so ``autoplan run --dry-run`` can compare it with what the runtime builds;
     empty in plans written before the field existed."""
 
+    def validate(self) -> None:
+        # what the runtime and `show` divide by or compare with; the breakdowns are only printed
+        require(self.step_time_s > 0, "step_time_s", "must be positive")
+        for name in ("tokens_per_s", "tflops_per_gpu", "mfu", "hardware_tflops_per_gpu", "hfu", "peak_memory_gib",
+                     "capacity_gib"):
+            require(getattr(self, name) >= 0, name, "must be >= 0")
+        require(all(m >= 0 for m in self.memory_gib_per_stage), "memory_gib_per_stage", "must be >= 0")
+
 
 @dataclass(frozen=True)
 class SolverInfo:
@@ -214,6 +227,10 @@ class SolverInfo:
     wall_s: float
     candidates: int = 0
     """Configurations (tp, pp, dp, zero, schedule, micro-batch, ...) considered before pruning."""
+
+    def validate(self) -> None:
+        require(self.wall_s >= 0, "wall_s", "must be >= 0")
+        require(self.candidates >= 0, "candidates", "must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
