@@ -8,8 +8,12 @@ Megatron's. A list that cannot make progress is a deadlock, reported as such.
 
 Because every start time is the maximum of its predecessors' end times, the step time is the length of
 the longest (critical) path through this graph. ``critical_path`` returns that path as counts of
-forward/backward actions per stage and the transfers on it; the CP-SAT search uses those counts as
-linear cuts (search/cpsat.py), so it optimises exactly the quantity simulated here.
+forward/backward actions per stage and the transfers on it (the breakdown of pipeline transfers reads it).
+
+Two entry points over the same graph: ``simulate`` keeps every start, end and binding predecessor (for
+reports and the timeline drawing); ``rank_ends`` computes only when each rank finishes, from the graph
+compiled once per schedule into flat integer rows, which is what the search calls thousands of times.
+Both work for any valid per-rank action list; nothing assumes the shape of a particular schedule.
 """
 
 from __future__ import annotations
@@ -89,44 +93,100 @@ def _graph(orders: RankOrders, num_stages: int) -> _Graph:
     cached = _GRAPHS.get(id(orders))
     if cached is not None and cached[0] is orders:
         return cached[1]
-    index: dict[Action, int] = {}
+    # actions as (stage, is_forward, micro-batch) tuples: hashing those is far cheaper than dataclasses
+    lists = {r: [(a.stage, a.kind == "F", a.microbatch) for a in acts] for r, acts in orders.items()}
+    index: dict[tuple[int, bool, int], int] = {}
     actions: list[Action] = []
+    keys: list[tuple[int, bool, int]] = []
     prev: list[int] = []
     cursor = {r: 0 for r in orders}
     remaining = sum(len(a) for a in orders.values())
     while remaining:
         progressed = False
-        for rank, acts in orders.items():
-            while cursor[rank] < len(acts):
-                action = acts[cursor[rank]]
-                if any(d not in index for d in _dependencies(action, num_stages)):
+        for rank, acts in lists.items():
+            c, n = cursor[rank], len(acts)
+            while c < n:
+                key = acts[c]
+                if any(d not in index for d in _dependency_keys(key, num_stages)):
                     break
-                index[action] = len(actions)
-                actions.append(action)
-                prev.append(index[acts[cursor[rank] - 1]] if cursor[rank] else -1)
-                cursor[rank] += 1
+                index[key] = len(actions)
+                actions.append(orders[rank][c])
+                keys.append(key)
+                prev.append(index[acts[c - 1]] if c else -1)
+                c += 1
                 remaining -= 1
                 progressed = True
+            cursor[rank] = c
         if not progressed:
             stuck = {r: str(a[cursor[r]]) for r, a in orders.items() if cursor[r] < len(a)}
             raise RuntimeError(f"pipeline schedule deadlocks; next actions per rank: {stuck}")
-    deps = [[(index[d], min(d.stage, a.stage) if d.stage != a.stage else -1) for d in _dependencies(a, num_stages)]
-            for a in actions]
-    graph = _Graph(actions, [a.stage for a in actions], [a.kind == "F" for a in actions], prev, deps,
-                   {r: index[a[-1]] for r, a in orders.items() if a})
+    deps = [[(index[d], min(d[0], k[0]) if d[0] != k[0] else -1) for d in _dependency_keys(k, num_stages)]
+            for k in keys]
+    graph = _Graph(actions, [k[0] for k in keys], [k[1] for k in keys], prev, deps,
+                   {r: index[a[-1]] for r, a in lists.items() if a})
     if len(_GRAPHS) > 4096:
         _GRAPHS.clear()
     _GRAPHS[id(orders)] = (orders, graph)
     return graph
 
 
-def _dependencies(action: Action, num_stages: int) -> list[Action]:
-    s, mb = action.stage, action.microbatch
-    if action.kind == "F":
-        return [Action(s - 1, "F", mb)] if s > 0 else []
+@dataclass(frozen=True)
+class Compiled:
+    """The graph as rows (rank predecessor, dependency 1, its transfer edge, dependency 2, its edge,
+    duration slot), with -1 for "none": index -1 of the end-time list and of the transfer list holds 0."""
+
+    rows: tuple[tuple[int, int, int, int, int, int], ...]
+    last_index: dict[int, int]
+
+
+_COMPILED: dict[int, tuple[RankOrders, Compiled]] = {}
+
+
+def compiled(orders: RankOrders, num_stages: int) -> Compiled:
+    """Rows for ``rank_ends``; cached per schedule object like the graph itself."""
+    cached = _COMPILED.get(id(orders))
+    if cached is not None and cached[0] is orders:
+        return cached[1]
+    g = _graph(orders, num_stages)
+    rows = []
+    for i in range(len(g.actions)):
+        deps = list(g.deps[i]) + [(-1, -1)] * (2 - len(g.deps[i]))
+        (d1, e1), (d2, e2) = deps
+        rows.append((g.prev[i], d1, e1, d2, e2, g.stage[i] + (0 if g.forward[i] else num_stages)))
+    result = Compiled(tuple(rows), dict(g.last_index))
+    if len(_COMPILED) > 4096:
+        _COMPILED.clear()
+    _COMPILED[id(orders)] = (orders, result)
+    return result
+
+
+def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int]) -> dict[int, int]:
+    """When each rank's last action ends: the same recurrence as ``simulate``, on integers (ns)."""
+    durations = fwd + bwd
+    transfer = list(p2p) + [0]
+    end = [0] * (len(c.rows) + 1)
+    for i, (prev, d1, e1, d2, e2, slot) in enumerate(c.rows):
+        t = end[prev]
+        u = end[d1] + transfer[e1]
+        if u > t:
+            t = u
+        u = end[d2] + transfer[e2]
+        if u > t:
+            t = u
+        end[i] = t + durations[slot]
+    return {r: end[i] for r, i in c.last_index.items()}
+
+
+def _dependency_keys(key: tuple[int, bool, int], num_stages: int) -> tuple[tuple[int, bool, int], ...]:
+    """What an action (stage, is_forward, micro-batch) waits for besides its rank's previous action: a
+    forward, the forward of the stage before; a backward, the backward of the stage after (on the last
+    stage none) and its own forward."""
+    s, forward, mb = key
+    if forward:
+        return ((s - 1, True, mb),) if s > 0 else ()
     if s == num_stages - 1:
-        return [Action(s, "F", mb)]
-    return [Action(s + 1, "B", mb), Action(s, "F", mb)]
+        return ((s, True, mb),)
+    return ((s + 1, False, mb), (s, True, mb))
 
 
 def critical_path(timeline: Timeline, rank: int) -> CriticalPath:
@@ -164,21 +224,21 @@ def inflight_peaks(orders: RankOrders) -> dict[int, list[dict[int, int]]]:
         return cached[1]
     peaks: dict[int, list[dict[int, int]]] = {}
     for rank, actions in orders.items():
-        live: Counter = Counter()
-        found: list[dict[int, int]] = []
+        stages = sorted({a.stage for a in actions})
+        slot = {st: i for i, st in enumerate(stages)}
+        live = [0] * len(stages)
+        found: set[tuple[int, ...]] = set()
         for i, a in enumerate(actions):
-            live[a.stage] += 1 if a.kind == "F" else -1
-            nxt = actions[i + 1] if i + 1 < len(actions) else None
-            if a.kind == "F" and (nxt is None or nxt.kind == "B"):
-                vector = {s: c for s, c in live.items() if c}
-                if vector not in found:
-                    found.append(vector)
-        peaks[rank] = [v for v in found if not any(_dominates(w, v) for w in found if w is not v)]
+            live[slot[a.stage]] += 1 if a.kind == "F" else -1
+            if a.kind == "F" and (i + 1 == len(actions) or actions[i + 1].kind == "B"):
+                found.add(tuple(live))
+        # keep the vectors no other one dominates; a dominating vector has at least the same total
+        kept: list[tuple[int, ...]] = []
+        for vec in sorted(found, key=lambda v: (-sum(v), v)):
+            if not any(all(x >= y for x, y in zip(w, vec)) for w in kept):
+                kept.append(vec)
+        peaks[rank] = [{st: c for st, c in zip(stages, vec) if c} for vec in kept]
     if len(_PEAKS) > 4096:
         _PEAKS.clear()
     _PEAKS[id(orders)] = (orders, peaks)
     return peaks
-
-
-def _dominates(a: dict[int, int], b: dict[int, int]) -> bool:
-    return a != b and all(a.get(s, 0) >= c for s, c in b.items())

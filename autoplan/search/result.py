@@ -32,7 +32,8 @@ def solver_info(result: SearchResult, solver: str) -> SolverInfo:
 
 def explain_infeasible(model: ModelSpec, make_workload, cluster: Cluster, training: TrainingSetup,
                        pins: Pins) -> str:
-    """The smallest change that would fit: unpin offload, more nodes, a smaller global batch."""
+    """The smallest change that would fit: unpin offload, more nodes, a smaller global batch (each tried
+    until a first plan fits, not to optimality)."""
     tries: list[tuple[str, Cluster, TrainingSetup, Pins]] = []
     if pins.offload_optimizer is False:
         tries.append(("--offload", cluster, training, dataclasses.replace(pins, offload_optimizer=None)))
@@ -45,7 +46,7 @@ def explain_infeasible(model: ModelSpec, make_workload, cluster: Cluster, traini
         gbs //= 2
     capacity = cluster.device.memory_gib * (1 - training.memory_margin)
     for label, c, t, p in tries:
-        result = search(model, make_workload(model, c, t), c, t, p, top_k=1)
+        result = search(model, make_workload(model, c, t), c, t, p, top_k=1, first_fit=True)
         if result.best is not None:
             peak = max(m.total_bytes for m in result.best.evaluation.memory.values()) / 2**30
             return (f"no plan fits in {capacity:.1f} GiB per device; the smallest change that fits: {label} "
