@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Literal, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
 
-from autoplan.cost.estimate import WorkloadFn
-from autoplan.cost.workload import analytic_workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
 from autoplan.schema.plan import ParallelConfig, RecomputeMode, parallel_dimensions
 from autoplan.schema.profile import ModelProfile, is_profile_file, load_profile
+
+if TYPE_CHECKING:  # the cost model is imported when a command runs, not to print --help
+    from autoplan.cost.estimate import WorkloadFn
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,6 +91,8 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
 
 def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: TrainingSetup,
                 rescale: bool = False) -> WorkloadFn:
+    from autoplan.cost.workload import analytic_workload
+
     if isinstance(model, ModelProfile):
         from autoplan.profiler.adapter import profile_workload_fn  # torch-free
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from autoplan.cli.common import workload_fn
-from autoplan.cost.estimate import estimate_layout
-from autoplan.report.timeline import draw_timeline
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label, render
 from autoplan.schema import load_plan
 
@@ -32,7 +29,11 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + render(rows, ["stage", "pp rank", "layers", "count", "full recompute", "selective"]))
     if plan.predicted:
         print("\n" + breakdown_table(plan.predicted))
-    if args.timeline:
+    if args.timeline:  # the cost model is imported only to draw: printing a plan stays fast
+        from autoplan.cli.common import workload_fn
+        from autoplan.cost.estimate import estimate_layout
+        from autoplan.report.timeline import draw_timeline
+
         workload = workload_fn(plan.model, plan.cluster, plan.training)
         _, evaluation, _ = estimate_layout(workload, plan.cluster, plan.training, plan.layout())
         recomputing = {s.index for s in plan.stages if s.full_recompute or s.selective_recompute}

@@ -52,108 +52,99 @@ class CriticalPath:
 
 
 @dataclass(frozen=True)
-class _Graph:
+class Compiled:
+    """The actions in an order that respects every dependency, each as a row (rank predecessor,
+    dependency 1, its transfer edge, dependency 2, its edge, duration slot): indices into this order, -1
+    for "none" (index -1 of the end-time list and of the transfer list holds 0); slot s is the forward
+    of stage s, slot num_stages + s its backward."""
+
     actions: list[Action]
-    stage: list[int]
-    forward: list[bool]
-    prev: list[int]
-    """Index of the previous action on the same rank, -1 for a rank's first."""
-    deps: list[list[tuple[int, int]]]
-    """Data dependencies as (index, transfer edge or -1)."""
+    rows: list[tuple[int, int, int, int, int, int]]
     last_index: dict[int, int]
 
 
 def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: list[float]) -> Timeline:
     """``fwd_s[s]``/``bwd_s[s]``: durations of stage s; ``p2p_s[s]``: transfer time between s and s+1."""
-    g = _graph(orders, len(fwd_s))
-    n = len(g.actions)
+    g = compiled(orders, len(fwd_s))
+    n = len(g.rows)
+    durations = list(fwd_s) + list(bwd_s)
     start, end = [0.0] * n, [0.0] * n
     binding: list[tuple[int, bool] | None] = [None] * n
-    for i in range(n):
-        p = g.prev[i]
+    for i, (p, d1, e1, d2, e2, slot) in enumerate(g.rows):
         ready, why = (end[p], (p, False)) if p >= 0 else (0.0, None)
-        for d, edge in g.deps[i]:
+        for d, edge in ((d1, e1), (d2, e2)):
+            if d < 0:
+                continue
             t = end[d] + (p2p_s[edge] if edge >= 0 else 0.0)
             if t > ready:
                 ready, why = t, (d, edge >= 0)
         start[i] = ready
-        end[i] = ready + (fwd_s[g.stage[i]] if g.forward[i] else bwd_s[g.stage[i]])
+        end[i] = ready + durations[slot]
         binding[i] = why
     rank_end = {r: end[i] for r, i in g.last_index.items()}
     return Timeline(g.actions, start, end, binding, rank_end, g.last_index)
-
-
-_GRAPHS: dict[int, tuple[RankOrders, _Graph]] = {}
-
-
-def _graph(orders: RankOrders, num_stages: int) -> _Graph:
-    """Actions in an order that respects every dependency, with their rank predecessor and data
-    dependencies as indices. Built once per schedule object (build_schedule caches those) and reused:
-    it depends on the action order only, not on durations. A deadlock is found here."""
-    cached = _GRAPHS.get(id(orders))
-    if cached is not None and cached[0] is orders:
-        return cached[1]
-    # actions as (stage, is_forward, micro-batch) tuples: hashing those is far cheaper than dataclasses
-    lists = {r: [(a.stage, a.kind == "F", a.microbatch) for a in acts] for r, acts in orders.items()}
-    index: dict[tuple[int, bool, int], int] = {}
-    actions: list[Action] = []
-    keys: list[tuple[int, bool, int]] = []
-    prev: list[int] = []
-    cursor = {r: 0 for r in orders}
-    remaining = sum(len(a) for a in orders.values())
-    while remaining:
-        progressed = False
-        for rank, acts in lists.items():
-            c, n = cursor[rank], len(acts)
-            while c < n:
-                key = acts[c]
-                if any(d not in index for d in _dependency_keys(key, num_stages)):
-                    break
-                index[key] = len(actions)
-                actions.append(orders[rank][c])
-                keys.append(key)
-                prev.append(index[acts[c - 1]] if c else -1)
-                c += 1
-                remaining -= 1
-                progressed = True
-            cursor[rank] = c
-        if not progressed:
-            stuck = {r: str(a[cursor[r]]) for r, a in orders.items() if cursor[r] < len(a)}
-            raise RuntimeError(f"pipeline schedule deadlocks; next actions per rank: {stuck}")
-    deps = [[(index[d], min(d[0], k[0]) if d[0] != k[0] else -1) for d in _dependency_keys(k, num_stages)]
-            for k in keys]
-    graph = _Graph(actions, [k[0] for k in keys], [k[1] for k in keys], prev, deps,
-                   {r: index[a[-1]] for r, a in lists.items() if a})
-    if len(_GRAPHS) > 4096:
-        _GRAPHS.clear()
-    _GRAPHS[id(orders)] = (orders, graph)
-    return graph
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """The graph as rows (rank predecessor, dependency 1, its transfer edge, dependency 2, its edge,
-    duration slot), with -1 for "none": index -1 of the end-time list and of the transfer list holds 0."""
-
-    rows: tuple[tuple[int, int, int, int, int, int], ...]
-    last_index: dict[int, int]
 
 
 _COMPILED: dict[int, tuple[RankOrders, Compiled]] = {}
 
 
 def compiled(orders: RankOrders, num_stages: int) -> Compiled:
-    """Rows for ``rank_ends``; cached per schedule object like the graph itself."""
+    """The dependency graph of the lists, built once per schedule object (build_schedule caches those)
+    and reused: it depends on the action order only, not on durations. A deadlock is found here.
+
+    A forward of stage s waits for the forward of s - 1 on the same micro-batch; a backward for the
+    backward of s + 1 (on the last stage: nothing but its own forward) and its own forward.
+    """
     cached = _COMPILED.get(id(orders))
     if cached is not None and cached[0] is orders:
         return cached[1]
-    g = _graph(orders, num_stages)
-    rows = []
-    for i in range(len(g.actions)):
-        deps = list(g.deps[i]) + [(-1, -1)] * (2 - len(g.deps[i]))
-        (d1, e1), (d2, e2) = deps
-        rows.append((g.prev[i], d1, e1, d2, e2, g.stage[i] + (0 if g.forward[i] else num_stages)))
-    result = Compiled(tuple(rows), dict(g.last_index))
+    # every action gets an integer id from (stage, kind, micro-batch); lists indexed by it are far cheaper
+    # than dictionaries of dataclasses, which matters for lists of 10^5 actions. Id -1 is "no dependency".
+    span = 1 + max((a.microbatch for acts in orders.values() for a in acts), default=0)
+    lists = {}
+    for rank, acts in orders.items():
+        rows = []
+        for a in acts:
+            s, mb, forward = a.stage, a.microbatch, a.kind == "F"
+            if not 0 <= s < num_stages or mb < 0:
+                raise RuntimeError(f"pipeline schedule: rank {rank} runs {a}, outside {num_stages} stages")
+            f_id, b_id = 2 * s * span + mb, (2 * s + 1) * span + mb
+            if forward:
+                rows.append((f_id, f_id - 2 * span if s > 0 else -1, s - 1, -1, -1, s, a))
+            elif s == num_stages - 1:
+                rows.append((b_id, f_id, -1, -1, -1, num_stages + s, a))
+            else:
+                rows.append((b_id, b_id + 2 * span, s, f_id, -1, num_stages + s, a))
+        lists[rank] = rows
+    index = [-1] * (2 * num_stages * span) + [0]  # the last entry answers for id -1: always "done"
+    actions: list[Action] = []
+    out: list[tuple[int, int, int, int, int, int]] = []
+    cursor = {r: 0 for r in orders}
+    last = {r: -1 for r in orders}
+    remaining = sum(len(a) for a in orders.values())
+    while remaining:
+        progressed = False
+        for rank, rows in lists.items():
+            c, n, previous = cursor[rank], len(rows), last[rank]
+            while c < n:
+                key, d1, e1, d2, e2, slot, action = rows[c]
+                if index[d1] < 0 or index[d2] < 0:
+                    break
+                i = len(out)
+                index[key] = i
+                out.append((previous, index[d1] if d1 >= 0 else -1, e1 if d1 >= 0 else -1,
+                            index[d2] if d2 >= 0 else -1, e2, slot))
+                actions.append(action)
+                previous = i
+                c += 1
+            if c > cursor[rank]:
+                remaining -= c - cursor[rank]
+                progressed = True
+            cursor[rank], last[rank] = c, previous
+        if not progressed:
+            stuck = {r: str(a[cursor[r]]) for r, a in orders.items() if cursor[r] < len(a)}
+            raise RuntimeError(f"pipeline schedule deadlocks; next actions per rank: {stuck}")
+    result = Compiled(actions, out, {r: last[r] for r, acts in orders.items() if acts})
     if len(_COMPILED) > 4096:
         _COMPILED.clear()
     _COMPILED[id(orders)] = (orders, result)
@@ -175,18 +166,6 @@ def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int]) -> di
             t = u
         end[i] = t + durations[slot]
     return {r: end[i] for r, i in c.last_index.items()}
-
-
-def _dependency_keys(key: tuple[int, bool, int], num_stages: int) -> tuple[tuple[int, bool, int], ...]:
-    """What an action (stage, is_forward, micro-batch) waits for besides its rank's previous action: a
-    forward, the forward of the stage before; a backward, the backward of the stage after (on the last
-    stage none) and its own forward."""
-    s, forward, mb = key
-    if forward:
-        return ((s - 1, True, mb),) if s > 0 else ()
-    if s == num_stages - 1:
-        return ((s, True, mb),)
-    return ((s + 1, False, mb), (s, True, mb))
 
 
 def critical_path(timeline: Timeline, rank: int) -> CriticalPath:

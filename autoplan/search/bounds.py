@@ -27,13 +27,15 @@ at least as tight as the one above:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from autoplan.cost.evaluate import StageShape
 from autoplan.cost.layout_terms import LayoutTerms, RankTerms
 from autoplan.cost.simulate import compiled, rank_ends
-from autoplan.cost.stage_table import StageTable, layer_times
+from autoplan.cost.model_states import state_bytes_per_param
+from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable, layer_times
 from autoplan.cost.workload import Workload
+from autoplan.schema import Cluster, TrainingSetup
 from autoplan.search.recompute import Pin, lower_bound_ns
 
 
@@ -48,6 +50,21 @@ def group_lower_bound_ns(workload: Workload, pp: int, num_microbatches: int,
     pipeline = min(_pipeline_ns(work, block.fwd_ns + block.bwd_ns, num_microbatches, pp, v, least)
                    for v, least in schedules)
     return int(pipeline * (1 - 1e-9))
+
+
+def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup, pp: int, dp: int,
+                  state_options: Iterable[tuple[int, bool]], least_layers: int) -> bool:
+    """False when no configuration of the group fits: the rank with the most model states holds at least
+    their average over the pp ranks (with the ZeRO stage and offload that keep the least), and at its
+    peak at least one micro-batch of a stage of ``least_layers`` layers, each keeping at least the
+    smallest of its recomputation modes' activations."""
+    params = workload.num_layers * workload.block.params + workload.embedding.params + workload.head.params
+    params += workload.tied_copy_params if pp > 1 else 0.0
+    per_param = min(state_bytes_per_param(training, zero, dp, offload).total for zero, offload in state_options)
+    block = workload.block
+    acts = least_layers * min(block.saved_bytes, block.selective_saved_bytes, block.full_saved_bytes)
+    capacity = int(cluster.device.memory_gib * (1 - training.memory_margin) * 2**30)
+    return PERMILLE * params * per_param / pp + (PERMILLE + RESERVE_PERMILLE) * acts <= PERMILLE * capacity
 
 
 def config_lower_bound_ns(t: StageTable, min_layers: int = 1) -> int:

@@ -35,11 +35,13 @@ from autoplan.cost.stage_table import Config, StageTable, build_table
 from autoplan.cost.workload import Workload
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup
 from autoplan.search.bounds import (
-    config_lower_bound_ns, family_lower_bound_ns, family_range, group_lower_bound_ns, layout_lower_bound_ns, simulated_lower_bound_ns,
+    config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns, layout_lower_bound_ns, simulated_lower_bound_ns,
     split_lower_bound_ns, states_fit,
 )
 from autoplan.search.recompute import cheapest_recompute, forced_recompute, stage_choices
-from autoplan.search.space import Group, Pins, SearchLimits, check_size, group_configs, groups, num_layers_of, stage_splits
+from autoplan.search.space import (
+    Group, Pins, SearchLimits, check_size, group_choices, group_configs, groups, num_layers_of, stage_splits,
+)
 
 Solver = Literal["bnb", "bruteforce"]
 Progress = Callable[[str, bool], None]
@@ -158,13 +160,18 @@ class _Run:
         heap: list = []
         order = itertools.count()
         for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
-            shapes = {(c.virtual_stages, min(min(split) for split in self.splits(c)))
-                      for c in group_configs(group, self.cluster, self.pins, self.num_layers, self.limits)}
-            if shapes:
-                self.considered += sum(1 for _ in group_configs(group, self.cluster, self.pins, self.num_layers,
-                                                                self.limits))
-                key = group_lower_bound_ns(self.workload(group), group.pp, group.num_microbatches, sorted(shapes))
-                heapq.heappush(heap, (key, next(order), _GROUP, group))
+            states, schedules = group_choices(group, self.cluster, self.pins, self.num_layers, self.limits)
+            if not states or not schedules:
+                continue
+            self.considered += len(states) * len(schedules)
+            shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, self.limits.max_edge_trim)))
+                      for _, v in schedules}
+            workload = self.workload(group)
+            if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp, states,
+                                 min(least for _, least in shapes)):
+                continue
+            key = group_lower_bound_ns(workload, group.pp, group.num_microbatches, sorted(shapes))
+            heapq.heappush(heap, (key, next(order), _GROUP, group))
         kth = float("inf")  # the K-th best configuration's step time so far
         stopped_at: int | None = None
         key = 0

@@ -40,11 +40,12 @@ from autoplan.schema.plan import parallel_dimensions
 
 # Sizes no cluster or model has; beyond them the planner refuses instead of enumerating. The largest
 # training clusters today have about 10^5 devices, the deepest models about 10^2 layers, the largest
-# global batches about 10^4 sequences.
+# global batches about 10^4 sequences and the longest training contexts about 10^6 tokens.
 MAX_DEVICES = 2**20
 MAX_DEVICES_PER_NODE = 2**10
 MAX_LAYERS = 2**12
 MAX_GLOBAL_BATCH = 2**24
+MAX_SEQ_LEN = 2**24
 
 
 def _make_pins() -> type:
@@ -73,16 +74,23 @@ class SearchLimits:
 
 
 def check_size(model, cluster: Cluster, training: TrainingSetup) -> None:
-    """Refuse, in one line naming the field, sizes the search would take too long to enumerate."""
-    def refuse(field: str, value: int, what: str, limit: int) -> None:
+    """Refuse, in one line naming the field, sizes beyond any real cluster, model or batch."""
+    checks = [
+        ("devices_per_node", cluster.devices_per_node, MAX_DEVICES_PER_NODE,
+         "devices per node is more than any machine has", "give a real --devices-per-node"),
+        ("num_nodes", cluster.num_devices, MAX_DEVICES,
+         f"devices ({cluster.num_nodes:,} nodes x {cluster.devices_per_node}) is more than any cluster has",
+         "give a real --nodes"),
+        ("num_layers", num_layers_of(model), MAX_LAYERS, "layers is more than any model has",
+         "fix the model file"),
+        ("global_batch_size", training.global_batch_size, MAX_GLOBAL_BATCH,
+         "sequences per step is more than any training run uses", "give a real --global-batch-size"),
+        ("seq_len", training.seq_len, MAX_SEQ_LEN, "tokens per sequence is more than any model is trained on",
+         "give a real --seq-len"),
+    ]
+    for field, value, limit, what, fix in checks:
         if value > limit:
-            raise SpecError(f"{field}: {value:,} {what} is beyond any cluster the planner searches "
-                            f"(at most {limit:,}); use a real size")
-
-    refuse("devices_per_node", cluster.devices_per_node, "devices per node", MAX_DEVICES_PER_NODE)
-    refuse("num_nodes", cluster.num_devices, "devices in all (num_nodes x devices_per_node)", MAX_DEVICES)
-    refuse("num_layers", num_layers_of(model), "layers", MAX_LAYERS)
-    refuse("global_batch_size", training.global_batch_size, "sequences per step", MAX_GLOBAL_BATCH)
+            raise SpecError(f"{field}: {value:,} {what} (the planner searches at most {limit:,}); {fix}")
 
 
 def prime_factors(n: int) -> dict[int, int]:
@@ -154,16 +162,25 @@ def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
                     yield Group(tp, pp, dp, sp, mbs, per_replica // mbs)
 
 
+def group_choices(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
+                  limits: SearchLimits = SearchLimits()) -> tuple[list[tuple[int, bool]], list[tuple[str, int]]]:
+    """The group's (ZeRO stage, offload) pairs and (schedule, virtual stages) pairs: its configurations
+    are every combination of one of each."""
+    gpu = cluster.device.kind == "gpu"  # on a CPU the host is the device: nothing to offload to
+    states = [(zero, offload) for zero in _zero_stages(pins.zero_stage, group.dp)
+              for offload in _bools(pins.offload_optimizer, allowed=zero >= 1 and gpu)]
+    return states, list(_schedules(pins, group.pp, group.num_microbatches, num_layers, limits))
+
+
 def group_configs(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
                   limits: SearchLimits = SearchLimits()) -> Iterator[Config]:
     g = group
-    gpu = cluster.device.kind == "gpu"  # on a CPU the host is the device: nothing to offload to
-    for zero in _zero_stages(pins.zero_stage, g.dp):
-        for offload in _bools(pins.offload_optimizer, allowed=zero >= 1 and gpu):
-            for schedule, v in _schedules(pins, g.pp, g.num_microbatches, num_layers, limits):
-                yield Config(tp=g.tp, pp=g.pp, dp=g.dp, sequence_parallel=g.sequence_parallel, zero_stage=zero,
-                             offload_optimizer=offload, schedule=schedule, virtual_stages=v,
-                             micro_batch_size=g.micro_batch_size, num_microbatches=g.num_microbatches)
+    states, schedules = group_choices(group, cluster, pins, num_layers, limits)
+    for zero, offload in states:
+        for schedule, v in schedules:
+            yield Config(tp=g.tp, pp=g.pp, dp=g.dp, sequence_parallel=g.sequence_parallel, zero_stage=zero,
+                         offload_optimizer=offload, schedule=schedule, virtual_stages=v,
+                         micro_batch_size=g.micro_batch_size, num_microbatches=g.num_microbatches)
 
 
 def configs(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
