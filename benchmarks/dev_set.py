@@ -38,7 +38,7 @@ def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
     result = search(model, workload_fn(model, cluster, training), cluster, training, pins, top_k=1)
     if result.best is None:
         return None, result
-    return plan_of(model, cluster, training, result.best, solver_info(result, "cpsat")), result
+    return plan_of(model, cluster, training, result.best, solver_info(result, "bnb")), result
 
 
 def main() -> int:

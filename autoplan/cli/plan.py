@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> int:
     if result.status == "FEASIBLE":
         gap = result.best.step_ns / max(1, result.bound_ns) - 1
         proof = f", within {100 * gap:.1f}% of optimal (bound {result.bound_ns * 1e-9:.3f} s)"
+    rest = "stopped by --time-limit" if result.status == "FEASIBLE" else "the rest pruned by bounds"
     print(f"solver {args.solver}: {result.status} in {result.wall_s:.2f} s{proof} ({result.considered} "
-          f"configurations, {result.evaluated} with layouts simulated ({result.simulated} layouts), "
-          f"the rest pruned by bounds)\n")
+          f"configurations, {result.evaluated} with layouts simulated ({result.simulated} layouts), {rest})\n")
     print(ranking_table(ranked))
     print("\n" + why_winner(ranked))
     print("\n" + breakdown_table(ranked[0][1]))

@@ -1,8 +1,9 @@
 """Stage durations, rank memory and end-of-step work as linear expressions in the layout variables.
 
 Layout variables, per stage s: ``("n", s)`` layers, ``("sel", s)`` of them selectively recomputed,
-``("full", s)`` fully recomputed. The evaluator substitutes numbers; the CP-SAT search substitutes its
-integer variables. Both therefore use the very same expressions, term for term.
+``("full", s)`` fully recomputed. The evaluator substitutes numbers. The search reads the same terms
+compiled to integers per rank (layout_terms.py), which tests check against these expressions layout by
+layout.
 """
 
 from __future__ import annotations

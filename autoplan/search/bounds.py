@@ -54,17 +54,21 @@ def group_lower_bound_ns(workload: Workload, pp: int, num_microbatches: int,
 
 def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup, pp: int, dp: int,
                   state_options: Iterable[tuple[int, bool]], least_layers: int) -> bool:
-    """False when no configuration of the group fits: the rank with the most model states holds at least
-    their average over the pp ranks (with the ZeRO stage and offload that keep the least), and at its
-    peak at least one micro-batch of a stage of ``least_layers`` layers, each keeping at least the
-    smallest of its recomputation modes' activations."""
-    params = workload.num_layers * workload.block.params + workload.embedding.params + workload.head.params
-    params += workload.tied_copy_params if pp > 1 else 0.0
+    """False when no configuration of the group fits. Whatever the schedule, every rank holds at its
+    peak at least one micro-batch of a stage of at least ``least_layers`` layers, each keeping at least
+    the smallest of its recomputation modes' activations; and, with the ZeRO stage and offload that keep
+    the least, the rank with the most model states holds at least their average over the pp ranks, and
+    the rank with the head holds the head's states, activations and the loss's logits."""
+    head = workload.head.params + (workload.tied_copy_params if pp > 1 else 0.0)
+    params = workload.num_layers * workload.block.params + workload.embedding.params + head
     per_param = min(state_bytes_per_param(training, zero, dp, offload).total for zero, offload in state_options)
     block = workload.block
     acts = least_layers * min(block.saved_bytes, block.selective_saved_bytes, block.full_saved_bytes)
-    capacity = int(cluster.device.memory_gib * (1 - training.memory_margin) * 2**30)
-    return PERMILLE * params * per_param / pp + (PERMILLE + RESERVE_PERMILLE) * acts <= PERMILLE * capacity
+    capacity = PERMILLE * int(cluster.device.memory_gib * (1 - training.memory_margin) * 2**30)
+    scale = PERMILLE + RESERVE_PERMILLE
+    busiest = PERMILLE * params * per_param / pp + scale * acts
+    last = PERMILLE * head * per_param + scale * (acts + workload.head.saved_bytes + workload.logits_transient_bytes)
+    return busiest <= capacity and last <= capacity
 
 
 def config_lower_bound_ns(t: StageTable, min_layers: int = 1) -> int:

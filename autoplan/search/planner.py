@@ -157,8 +157,22 @@ class _Run:
     # ---------------------------------------------------------------------------------------------------
 
     def branch_and_bound(self) -> SearchResult:
+        """Best first: the node with the least bound next. Under a time limit, once a quarter of it has gone
+        with no plan found, the search dives (deepest node first) until it has one, then goes back to
+        best first: the plan a time limit returns is then rarely missing, and the bound stays proven."""
         heap: list = []
         order = itertools.count()
+        diving = False
+
+        def priority(key: int, kind: int):
+            return (-kind, key) if diving else key
+
+        def push(key: int, kind: int, item) -> None:
+            heapq.heappush(heap, (priority(key, kind), next(order), key, kind, item))
+
+        def reorder() -> None:
+            heap[:] = [(priority(e[2], e[3]), *e[1:]) for e in heap]
+            heapq.heapify(heap)
         for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
             states, schedules = group_choices(group, self.cluster, self.pins, self.num_layers, self.limits)
             if not states or not schedules:
@@ -171,7 +185,7 @@ class _Run:
                                  min(least for _, least in shapes)):
                 continue
             key = group_lower_bound_ns(workload, group.pp, group.num_microbatches, sorted(shapes))
-            heapq.heappush(heap, (key, next(order), _GROUP, group))
+            push(key, _GROUP, group)
         kth = float("inf")  # the K-th best configuration's step time so far
         stopped_at: int | None = None
         key = 0
@@ -183,12 +197,20 @@ class _Run:
                     f"simulated, {best}, bound {key * 1e-9:.3f} s, {self.elapsed():.1f} s")
 
         while heap:
-            key, _, kind, item = heapq.heappop(heap)
+            _, _, key, kind, item = heapq.heappop(heap)
             if key > kth:
+                if diving:
+                    continue
                 break
-            if self.time_limit_s is not None and self.elapsed() > self.time_limit_s:
-                stopped_at = key
-                break
+            if self.time_limit_s is not None:
+                elapsed = self.elapsed()
+                if elapsed > self.time_limit_s:
+                    stopped_at = min([key] + [e[2] for e in heap])
+                    break
+                should_dive = not self.states and elapsed > self.time_limit_s / 4
+                if should_dive != diving:
+                    diving = should_dive
+                    reorder()
             self.report(line)
             if kind == _GROUP:
                 workload = self.workload(item)
@@ -200,21 +222,21 @@ class _Run:
                     splits = self.splits(config)
                     bound = config_lower_bound_ns(table, min(min(split) for split in splits))
                     state = _ConfigState(table, workload, splits)
-                    heapq.heappush(heap, (max(key, bound), next(order), _CONFIG, state))
+                    push(max(key, bound), _CONFIG, state)
             elif kind == _CONFIG:  # the schedule's lists, and one bound for all the splits
                 item.terms, item.memo = LayoutTerms(item.table), {}
                 bound = family_lower_bound_ns(item.terms, item.splits, self.pins.recompute)
                 if bound is not None and bound <= kth:
-                    heapq.heappush(heap, (max(key, bound), next(order), _CONFIG_SIMULATED, item))
+                    push(max(key, bound), _CONFIG_SIMULATED, item)
             elif kind == _CONFIG_SIMULATED:  # dearer: the schedule simulated with the family's fewest layers
                 bound = simulated_lower_bound_ns(item.terms, *family_range(item.splits))
                 if bound <= kth:
-                    heapq.heappush(heap, (max(key, bound), next(order), _SPLITS, item))
+                    push(max(key, bound), _SPLITS, item)
             elif kind == _SPLITS:
                 for index, split in enumerate(item.splits):
                     bound = split_lower_bound_ns(item.terms, split, self.pins.recompute)
                     if bound is not None and bound <= kth:
-                        heapq.heappush(heap, (max(key, bound), next(order), _SPLIT, (item, index, split)))
+                        push(max(key, bound), _SPLIT, (item, index, split))
             elif kind == _SPLIT:  # a choice that needs no solving is simulated at once; else bound by simulation
                 state, index, split = item
                 if _cannot_improve(state, key, index):
@@ -222,11 +244,11 @@ class _Run:
                 shapes = forced_recompute(state.terms, split, self.pins.recompute)
                 if shapes is None:
                     bound = simulated_lower_bound_ns(state.terms, split, split)
-                    heapq.heappush(heap, (max(key, bound), next(order), _SPLIT_SIMULATED, item))
+                    push(max(key, bound), _SPLIT_SIMULATED, item)
                     continue
                 kth = self.record(state, index, shapes, kth)
                 if self.first_fit:
-                    stopped_at = key
+                    stopped_at = min([key] + [e[2] for e in heap])
                     break
             elif kind == _SPLIT_SIMULATED:
                 state, index, split = item
@@ -235,14 +257,14 @@ class _Run:
                 shapes = cheapest_recompute(state.table, split, self.pins.recompute, "auto", state.terms, state.memo)
                 if shapes is not None:
                     bound = max(key, layout_lower_bound_ns(state.terms, shapes))
-                    heapq.heappush(heap, (bound, next(order), _LAYOUT, (state, index, shapes)))
+                    push(bound, _LAYOUT, (state, index, shapes))
             else:
                 state, index, shapes = item
                 if _cannot_improve(state, key, index):
                     continue
                 kth = self.record(state, index, shapes, kth)
                 if self.first_fit:
-                    stopped_at = key
+                    stopped_at = min([key] + [e[2] for e in heap])
                     break
         ranked = self.rank()
         if stopped_at is not None:
