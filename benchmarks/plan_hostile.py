@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = ["llama3-70b", "--cluster", "dgx-h100-80gb", "--nodes", "128", "--global-batch-size", "1024", "--seq-len", "8192"]
+BASE = ["llama3-70b", "--cluster", "dgx-h100-80gb", "--nodes", "128", "--global-batch-size", "1024",
+        "--seq-len", "8192"]
 
 
 def with_flag(flag: str, value: str) -> list[str]:
@@ -49,7 +50,7 @@ def main() -> int:
         for label, argv in cases:
             command = [sys.executable, "-m", "autoplan.cli.main", "plan", *argv]
             t0 = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True, env=env)
+            done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
             wall = time.perf_counter() - t0
             worst = max(worst, wall)
             lines = done.stderr.strip().splitlines()

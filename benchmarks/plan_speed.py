@@ -32,7 +32,7 @@ def plan(model: str, gpus: int) -> tuple[float, dict | None, str]:
             str(gpus // 8), "--global-batch-size", str(GLOBAL_BATCH), "--seq-len", str(SEQ_LEN), "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         return wall, None, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"

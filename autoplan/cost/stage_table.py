@@ -4,7 +4,8 @@ Once tp, pp, dp, sequence parallel, ZeRO stage, offload, schedule, virtual stage
 size are fixed (a ``Config``), every remaining choice (how many layers each stage holds and how many of
 them recompute, selectively or fully) changes step time and memory *linearly* through this table.
 The evaluator (evaluate.py), the branch-and-bound search (through layout_terms.py) and the brute-force
-search all read the same integers, so their objectives agree exactly; 1 ns and 1 byte of rounding is far below the model's accuracy.
+search all read the same integers, so their objectives agree exactly; 1 ns and 1 byte of rounding is far
+below the model's accuracy.
 
 Memory is compared as ``PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * capacity``
 so that the fragmentation reserve stays in integer arithmetic too.

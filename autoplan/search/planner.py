@@ -35,8 +35,8 @@ from autoplan.cost.stage_table import Config, StageTable, build_table
 from autoplan.cost.workload import Workload
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup
 from autoplan.search.bounds import (
-    config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns, layout_lower_bound_ns, simulated_lower_bound_ns,
-    split_lower_bound_ns, states_fit,
+    config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns,
+    layout_lower_bound_ns, simulated_lower_bound_ns, split_lower_bound_ns, states_fit,
 )
 from autoplan.search.recompute import cheapest_recompute, forced_recompute, stage_choices
 from autoplan.search.space import (
@@ -178,7 +178,8 @@ class _Run:
             if not states or not schedules:
                 continue
             self.considered += len(states) * len(schedules)
-            shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, self.limits.max_edge_trim)))
+            trim = self.limits.max_edge_trim
+            shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, trim)))
                       for _, v in schedules}
             workload = self.workload(group)
             if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp, states,

@@ -31,7 +31,8 @@ def check_problem(model, cluster, training, pins) -> int:
         states, schedules = group_choices(group, cluster, pins, model.num_layers, limits)
         if not states or not schedules:
             continue
-        shapes = sorted({(v, min(min(s) for s in stage_splits(model.num_layers, group.pp * v, 2))) for _, v in schedules})
+        shapes = sorted({(v, min(min(s) for s in stage_splits(model.num_layers, group.pp * v, 2)))
+                         for _, v in schedules})
         group_best = INF
         for config in group_configs(group, cluster, pins, model.num_layers, limits):
             table = build_table(workload, cluster, training, config)
