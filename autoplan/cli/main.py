@@ -1,7 +1,10 @@
 """The ``autoplan`` command: parse, delegate to one subcommand module, turn bad input into one line.
 
 Each subcommand lives in its own module with ``register(subparsers)`` (adds its parser and sets
-``func``); this file only wires them. Imports are lazy so that ``autoplan plan`` never imports torch.
+``func``); this file only wires them. Registering a subcommand imports only argparse-level code: each
+module imports its heavy parts (the search and OR-Tools behind it, the cost model, torch) inside its
+``run``, so ``autoplan --help`` and ``autoplan show`` stay fast and ``autoplan plan`` never imports torch
+(tests/planner/test_cli.py checks both).
 
 Exit status: 0 done; 2 bad input (one line on stderr, naming the option or file and the fix, never a
 traceback: a SpecError, an option argparse refuses, or a file the system refuses to read or write);

@@ -361,7 +361,7 @@ OPTIONS = {
     "common": ["--nodes", "--devices-per-node", "--global-batch-size", "--seq-len", "--memory-margin"],
     "pins": ["--tp", "--pp", "--dp", "--virtual-stages", "--micro-batch-size", "--zero-stage"],
     "choices": {"--schedule": ["gpipe", "1f1b", "interleaved", "zigzag"], "--precision": ["bf16", "fp32", "fp8"],
-                "--recompute": ["none", "selective", "full", "some"], "--solver": ["cpsat", "bruteforce", "x"],
+                "--recompute": ["none", "selective", "full", "some"], "--solver": ["bnb", "cpsat", "bruteforce", "x"],
                 "--optimizer": ["adamw", "sgd", "lion"]},
     "flags": ["--json", "--sequence-parallel", "--no-sequence-parallel", "--offload", "--no-offload",
               "--no-flash-attention", "--rescale-profile"],
