@@ -57,7 +57,7 @@ def plain_loop(steps: int) -> list[float]:
 
 def runtime_loop(steps: int) -> list[float]:
     plan = make_plan(SPEC, micro_batch_size=BATCH, num_microbatches=1, seq_len=SEQ, learning_rate=1e-3)
-    trainer = Trainer(plan, build_mesh(1, 1, 1, torch.device("cpu"), False), TokenSource(256, SEQ, 0))
+    trainer = Trainer(plan, build_mesh(1, 1, 1, 1, torch.device("cpu"), False), TokenSource(256, SEQ, 0))
     return [trainer.step(step).step_time_s for step in range(steps)]
 
 

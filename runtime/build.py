@@ -1,5 +1,6 @@
 """From a plan to this rank's runnable pieces, torchtitan's way: each local stage is built alone on the
-meta device, then TP -> recomputation -> DP/ZeRO (FSDP2) are applied to it while it holds no memory;
+meta device, then TP -> context parallelism -> recomputation -> DP/ZeRO (FSDP2, over the dp x cp ranks)
+are applied to it while it holds no memory;
 only then is it materialised (``to_empty``: each rank allocates just its shards) and initialised with
 layout-free values (runtime/models/init.py). Then PipelineStage + the plan's schedule, and the optimizer.
 
@@ -21,6 +22,7 @@ from runtime.mesh import ParallelMesh
 from runtime.models import build_stage_model
 from runtime.models.dropout import DropoutState, attach
 from runtime.models.init import init_buffers, init_parameters
+from runtime.parallel.context_parallel import apply_context_parallel, shard_positions
 from runtime.parallel.data_parallel import apply_data_parallel
 from runtime.parallel.pipeline import build_pipeline
 from runtime.parallel.recompute import apply_recompute
@@ -44,6 +46,8 @@ class Parts:
     tied_params: list[nn.Parameter] = field(default_factory=list)
     """Embedding on stage 0 / head on the last stage: the two copies whose grads are summed."""
     clip_excluded: set[int] = field(default_factory=set)
+    positions: torch.Tensor | None = None
+    """Context parallelism: the global positions of this rank's tokens (None: the whole sequence)."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for m in self.models for p in m.parameters()]
@@ -60,18 +64,20 @@ def local_stage_ids(plan: Plan, pp_rank: int) -> list[int]:
 
 
 def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool, meter: MemoryMeter | None,
-                materialize: bool) -> nn.Module:
-    """One stage of the plan for this rank: meta build, TP, recomputation, DP/ZeRO, then real memory."""
+                materialize: bool, positions: torch.Tensor | None = None) -> nn.Module:
+    """One stage of the plan for this rank: meta build, TP, CP, recomputation, DP/ZeRO, then real memory."""
     stage, last = plan.stages[stage_id], plan.num_stages - 1
     model = build_stage_model(plan.model, plan.training.seq_len, range(*stage.layers), stage_id == 0,
                               stage_id == last, device="meta")
     if plan.tp > 1:
         apply_tp(model, pm.tp_mesh, plan.sequence_parallel, loss_parallel)
+    if positions is not None:
+        apply_context_parallel(model, pm.group("cp"), positions)
     apply_recompute(model, stage)
     if meter is not None:
         for block in model.blocks.values():
             block.register_forward_hook(meter.hook)
-    apply_data_parallel(model, pm.dp_mesh, plan.zero_stage, plan.offload_optimizer)
+    apply_data_parallel(model, pm.dp_cp_mesh, plan.zero_stage, plan.offload_optimizer)
     if materialize:
         # with offload FSDP2 keeps the sharded parameters on the host (torchtitan's init_device)
         model.to_empty(device=torch.device("cpu") if plan.offload_optimizer else pm.device)
@@ -94,12 +100,15 @@ def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, 
     # loss_parallel keeps logits vocab-sharded into the loss; only where we compute the loss ourselves
     # (one stage): the pipelining schedule computes it on plain tensors
     loss_parallel = plan.tp > 1 and num_stages == 1
-    models = [build_stage(plan, pm, sid, loss_parallel, meter, materialize) for sid in stage_ids]
+    positions = None
+    if plan.cp > 1:
+        positions = torch.tensor(shard_positions(plan.training.seq_len, plan.cp, pm.cp_rank), device=pm.device)
+    models = [build_stage(plan, pm, sid, loss_parallel, meter, materialize, positions) for sid in stage_ids]
     dropout = DropoutState(plan.training.seed)
     for model in models:
         attach(model, dropout)
     has_first, has_last = 0 in stage_ids, num_stages - 1 in stage_ids
-    parts_kw = {}
+    parts_kw: dict = {"positions": positions}
     if plan.model.tie_embeddings and num_stages > 1:
         tied = []
         if has_first:

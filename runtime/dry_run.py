@@ -73,19 +73,19 @@ def dry_run(plan, rank: int) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from runtime.build import build_parts
-    from runtime.mesh import build_mesh
+    from runtime.mesh import mesh_of_plan
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
     try:
-        pm = build_mesh(plan.pp, plan.dp, plan.tp, torch.device("cpu"),
-                        plan.model.tie_embeddings and plan.num_stages > 1)
+        pm = mesh_of_plan(plan, torch.device("cpu"))
         parts = build_parts(plan, pm, materialize=False)
         held = held_params(parts.models)
     finally:
         dist.destroy_process_group()
     per_rank = plan.predicted.local_params_per_rank if plan.predicted else ()
     expected = per_rank[pm.pp_rank] if per_rank else None
-    return {"rank": rank, "pp_rank": pm.pp_rank, "dp_rank": pm.dp_rank, "tp_rank": pm.tp_rank,
+    return {"rank": rank, "pp_rank": pm.pp_rank, "dp_rank": pm.dp_rank, "cp_rank": pm.cp_rank,
+            "tp_rank": pm.tp_rank,
             "local_params": held, "expected_local_params": expected,
             "stages": [stage_summary(plan, sid, m) for sid, m in zip(parts.stage_ids, parts.models)],
             "wall_s": round(time.perf_counter() - t0, 3),

@@ -65,7 +65,7 @@ def _main(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from runtime.device import pick_device
-    from runtime.mesh import build_mesh
+    from runtime.mesh import mesh_of_plan
     from runtime.train.data import TokenSource
     from runtime.trainer import RunOptions, Trainer, run
     from runtime.train.lock import DirectoryLock
@@ -82,7 +82,7 @@ def _main(args: argparse.Namespace) -> int:
     lock = DirectoryLock(args.checkpoint_dir).acquire() if args.checkpoint_dir and os.environ["RANK"] == "0" else None
     quiet_schedule_logs()
     dist.init_process_group(backend, timeout=set_timeout(args.timeout))
-    pm = build_mesh(plan.pp, plan.dp, plan.tp, device, plan.model.tie_embeddings and plan.num_stages > 1)
+    pm = mesh_of_plan(plan, device)
     trainer = Trainer(plan, pm, data)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,
                             args.log_every, args.trace))

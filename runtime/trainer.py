@@ -15,6 +15,7 @@ from autoplan.schema import Plan
 from runtime.build import Parts, build_parts, cross_entropy
 from runtime.device import GIB, MemoryMeter, autocast_dtype
 from runtime.mesh import ParallelMesh
+from runtime.parallel.context_parallel import shard_sequence
 from runtime.parallel.data_parallel import local, set_microbatch_sync
 from runtime.train import checkpoint, guard
 from runtime.train.data import TokenSource
@@ -57,11 +58,14 @@ class Trainer:
         parts.dropout.step = step
         x, y = self.data.replica_batch(step, plan.training.global_batch_size, plan.dp, pm.dp_rank)
         x, y = x.to(pm.device), y.to(pm.device)
+        if parts.positions is not None:  # context parallelism: this rank's tokens of every sequence
+            x, y = shard_sequence(x, parts.positions), shard_sequence(y, parts.positions)
         parts.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self._pipelined(x, y) if parts.schedule is not None else self._single_stage(x, y)
         self._sum_tied_grads()
-        norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, plan.tp * plan.dp, parts.clip_excluded)
+        norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, plan.tp * plan.cp * plan.dp,
+                              parts.clip_excluded)
         parts.optimizer.step()
         loss = self._global_loss(loss)
         if pm.device.type == "cuda":
@@ -121,12 +125,13 @@ class Trainer:
             dist.all_reduce(local(p.grad), group=group)
 
     def _global_loss(self, loss: torch.Tensor) -> float:
-        """Mean loss over the global batch, known on every rank: from the last pp rank, averaged over dp."""
+        """Mean loss over the global batch, known on every rank: from the last pp rank, averaged over dp and
+        cp (every CP rank's loss is the mean over the same number of tokens)."""
         loss = loss.float().reshape(1).clone()
         if self.plan.pp > 1:
             dist.all_reduce(loss, group=self.pm.group("pp"))  # only the last stage's rank is non-zero
-        if self.plan.dp > 1:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.pm.group("dp"))
+        if self.plan.dp_cp > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.pm.group("dp_cp"))
         return float(loss.item())
 
 

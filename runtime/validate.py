@@ -9,7 +9,8 @@ from autoplan.schema import Plan, check_fits
 
 def check_plan(plan: Plan, world_size: int, device_type: str, local_world_size: int) -> None:
     if plan.world_size != world_size:
-        raise SpecError(f"tp * pp * dp = {plan.tp} * {plan.pp} * {plan.dp} = {plan.world_size} but torchrun started "
+        raise SpecError(f"tp * cp * pp * dp = {plan.tp} * {plan.cp} * {plan.pp} * {plan.dp} = {plan.world_size} but "
+                        f"torchrun started "
                         f"{world_size} processes; launch with --nproc_per_node {plan.world_size} (or re-plan)")
     check_fits(plan.layout(), plan.model, plan.training, None)
     if plan.training.seq_len < 1 or plan.micro_batch_size < 1:

@@ -130,8 +130,8 @@ def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: Tra
 
         return profile_workload_fn(model, cluster, training, rescale=rescale)
 
-    def fn(micro_batch_size: int, tp: int, sp: bool):
-        return analytic_workload(model, cluster, training, micro_batch_size, tp, sp)
+    def fn(micro_batch_size: int, tp: int, sp: bool, cp: int = 1):
+        return analytic_workload(model, cluster, training, micro_batch_size, tp, sp, cp)
 
     return fn
 

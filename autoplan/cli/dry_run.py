@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from autoplan.errors import SpecError
+from autoplan.report.tables import layout_label
 from autoplan.schema import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,12 +58,12 @@ def stages_label(stages: list[dict]) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("rank", "pp/dp/tp", "local_params", "expected", "match", "wall s", "max RSS GiB", "stages: [layers)")
+    head = ("rank", "pp/dp/cp/tp", "local_params", "expected", "match", "wall s", "max RSS GiB", "stages: [layers)")
     body = []
     for r in rows:
         expected = r["expected_local_params"]
         match = "-" if expected is None else ("yes" if expected == r["local_params"] else "NO")
-        body.append((str(r["rank"]), f"{r['pp_rank']}/{r['dp_rank']}/{r['tp_rank']}", f"{r['local_params']:,}",
+        body.append((str(r["rank"]), f"{r['pp_rank']}/{r['dp_rank']}/{r.get('cp_rank', 0)}/{r['tp_rank']}", f"{r['local_params']:,}",
                      "-" if expected is None else f"{expected:,}", match, f"{r['process_wall_s']:.1f}",
                      f"{r['max_rss_gib']:.2f}", stages_label(r["stages"])))
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
@@ -76,7 +77,7 @@ def dry_run(plan_path: str, plan: Plan, asked: list[int] | None, as_json: bool) 
     if as_json:
         print(json.dumps(rows))
     else:
-        print(f"dry run of {plan_path}: {plan.model.name}, tp{plan.tp} pp{plan.pp} dp{plan.dp} zero{plan.zero_stage} "
+        print(f"dry run of {plan_path}: {plan.model.name}, {layout_label(plan)} "
               f"{plan.schedule} on {plan.world_size} ranks (meta device, fake process group)\n")
         print(table(rows))
         if not plan.predicted or not plan.predicted.local_params_per_rank:

@@ -36,15 +36,16 @@ def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, glo
     from autoplan.search.space import stage_splits
 
     given = {f.name: getattr(args, f.name) for f in parallel_dimensions() if f.metadata["pinnable"]}
-    if given["dp"] is None and num_devices % (args.tp * args.pp):
-        raise SpecError(f"--tp/--pp: tp x pp = {args.tp * args.pp} does not divide the cluster's {num_devices} devices; "
-                        "give --dp or other sizes")
-    dp = given["dp"] or num_devices // (args.tp * args.pp)
+    cp = given["cp"] or 1
+    if given["dp"] is None and num_devices % (args.tp * args.pp * cp):
+        raise SpecError(f"--tp/--pp/--cp: tp x pp x cp = {args.tp * args.pp * cp} does not divide the cluster's "
+                        f"{num_devices} devices; give --dp or other sizes")
+    dp = given["dp"] or num_devices // (args.tp * args.pp * cp)
     if global_batch % (dp * args.micro_batch_size):
         raise SpecError(f"--micro-batch-size: global batch {global_batch} is not divisible by dp x micro-batch "
                         f"= {dp} x {args.micro_batch_size}")
-    defaults = {"dp": dp, "virtual_stages": 2 if args.schedule == "interleaved" else 1, "sequence_parallel": False,
-                "offload_optimizer": False}
+    defaults = {"dp": dp, "cp": 1, "virtual_stages": 2 if args.schedule == "interleaved" else 1,
+                "sequence_parallel": False, "offload_optimizer": False}
     values = {k: (defaults[k] if v is None else v) for k, v in given.items()}
     values["num_microbatches"] = global_batch // (dp * args.micro_batch_size)
     stages = args.pp * values["virtual_stages"]

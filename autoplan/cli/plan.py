@@ -12,7 +12,7 @@ from autoplan.errors import SpecError
 
 DESCRIPTION = """\
 Search the fastest plan that fits. The search is a best-first branch-and-bound over the configurations
-(tp, pp, dp, sequence parallel, micro-batch size, then ZeRO stage, offload and schedule), the stage splits
+(tp, cp, pp, dp, sequence parallel, micro-batch size, then ZeRO stage, offload and schedule), the stage splits
 and the per-rank recomputation: every candidate carries a lower bound on its step time, layouts are
 simulated only while their bound can still beat the best plans found, and per-rank recomputation is an
 integer program solved exactly (in closed form, by enumeration or by OR-Tools CP-SAT). OPTIMAL means no
@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.schema._io import to_dict, write_atomic
     from autoplan.search.planner import search
     from autoplan.search.result import explain_infeasible, plan_of, predicted_of, require_plan, solver_info
+    from autoplan.schema.plan import context_parallel_refusal
     from autoplan.search.space import check_size, tp_options
 
     if args.time_limit is not None and not args.time_limit > 0:
@@ -73,6 +74,14 @@ def run(args: argparse.Namespace) -> int:
     if pins.tp is not None and pins.tp not in allowed:
         raise SpecError(f"--tp: {pins.tp} must divide the devices per node ({cluster.devices_per_node}) and the "
                         f"model's heads, KV heads, FFN width and vocabulary; use one of {allowed}")
+    if pins.cp is not None and cluster.num_devices % pins.cp:
+        raise SpecError(f"--cp: {pins.cp} does not divide the cluster's {cluster.num_devices} devices")
+    if pins.cp is not None and pins.cp > 1:
+        refusal = context_parallel_refusal(pins.cp, spec, training) if spec is not None else (
+            f"{model.name} is a profile, which does not record the K/V width ring attention exchanges; plan the "
+            "model spec or config.json")
+        if refusal:
+            raise SpecError(f"--cp: {refusal}")
     make = lambda m, c, t: workload_fn(m, c, t, args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("plan", help="plan YAML written by `autoplan plan`")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in total (default 20)")
-    p.add_argument("--nproc", type=int, help="processes to start (default: the plan's tp * pp * dp per node)")
+    p.add_argument("--nproc", type=int, help="processes to start (default: the plan's tp * cp * pp * dp per node)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="override the default (nccl with CUDA, else gloo)")
     p.add_argument("--data", help="token file (uint16 LE), or 'synthetic'; default: the shipped sample text "
                                   "for byte-level models")

@@ -14,6 +14,10 @@ tensors every TP rank holds in full, r = 1/t under sequence parallelism and 1 ot
     residual after the MLP       reads the MLP output and the residual, writes  3 H r
     residual dropouts            a 1-byte mask each, written                    s b h r each
 
+Context parallelism (cp > 1, flash attention only): every layer is built for the whole sequence and then
+split by ``layer_ops.shard_sequence`` (token-linear quantities / cp, the attention core's 1/cp share); a
+block adds its ring attention's K/V exchange and merges (cost/context_parallel.py).
+
 The embedding gathers its rows (and adds the learned positions for gpt); the head normalises, projects
 and runs the cross-entropy over the padded vocabulary (read the logits, write the fp32 log-softmax, read it
 back for the loss). Vocabulary-parallel cross-entropy all-reduces three per-token values (max, sum of
@@ -24,11 +28,20 @@ from __future__ import annotations
 
 from autoplan.cost import activations as act
 from autoplan.cost.activations import SavedBytes
-from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps, Message
+from autoplan.cost.context_parallel import ring_exchange
+from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps, Message, shard_sequence
 from autoplan.schema import ModelSpec
 
 
-def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str) -> LayerOps:
+def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str, cp: int = 1) -> LayerOps:
+    """One block on one device: ``s`` is the whole sequence; under ``cp`` the device holds s / cp of it."""
+    if cp > 1:
+        if attention != "flash":
+            raise ValueError("context parallelism runs ring attention on flash kernels (plan.py refuses standard)")
+        ops = block_ops(model, b, s, tp, sp, e, attention)
+        local = b * s // cp  # this rank's tokens
+        ring = ring_exchange(cp, local * model.hidden_size / tp, 2 * local * model.kv_size / tp, e)
+        return shard_sequence(ops, cp, ring)
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
     tokens = b * s
     mlp_in = [Gemm(tokens, f // tp, h, count=model.mlp_matrices - 1)]  # fc1, or gate and up
@@ -70,7 +83,10 @@ def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple
     return forward, backward
 
 
-def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> LayerOps:
+def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: int = 1) -> LayerOps:
+    """The embedding for the whole sequence ``s`` (learned positions: s rows on every rank), split by cp."""
+    if cp > 1:
+        return shard_sequence(embedding_ops(model, b, s, tp, sp, e), cp)
     hidden = e * b * s * model.hidden_size
     # gather the rows (read, write); gpt adds the learned positions (read two, write one) and drops out
     moved = 2 * hidden + ((3 * hidden + (2 * hidden + b * s * model.hidden_size if model.dropout > 0 else 0))
@@ -87,7 +103,9 @@ def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -
                     tp_fwd=fwd, tp_bwd=bwd)
 
 
-def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> LayerOps:
+def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: int = 1) -> LayerOps:
+    if cp > 1:  # each rank's loss is the mean over its tokens; averaging gradients over dp x cp does the rest
+        return shard_sequence(head_ops(model, b, s, tp, sp, e), cp)
     vocab = model.padded_vocab_size(tp)
     tokens, hidden = b * s, e * b * s * model.hidden_size
     logits = tokens * vocab / tp

@@ -10,8 +10,9 @@ already fold those ring factors' efficiency in, so
 which is NCCL's own ring cost model (src/graph/tuning.cc: ``baseLat`` once, ``hwLat`` per step, bytes over
 the bus bandwidth); ``base`` is the cluster's ``collective_latency_us``.
 
-Which link a group uses follows from the rank order ``tp + tp*(dp + dp*pp)`` (plan.py): consecutive
-ranks fill a node first. A group whose members span nodes with g members per node is limited by
+Which link a group uses follows from the rank order ``tp + tp*(cp + cp*(dp + dp*pp))`` (plan.py):
+consecutive ranks fill a node first, so a TP group is stride 1, a CP group stride tp (inside a node when
+tp x cp <= devices per node), and the dp x cp ranks that reduce gradients together stride tp. A group whose members span nodes with g members per node is limited by
 min(intra-node bandwidth, g x the per-device inter-node bandwidth): every member drives its own NIC
 (rail-optimised rings, one NIC per GPU as in DGX nodes).
 """
@@ -38,7 +39,7 @@ class GroupLink:
 
 
 def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
-    """Link of a group of ``size`` ranks spaced ``stride`` apart (tp: stride 1; dp: stride tp)."""
+    """Link of a group of ``size`` ranks spaced ``stride`` apart (tp: stride 1; cp and dp x cp: stride tp)."""
     per_node = cluster.devices_per_node
     intra = cluster.intra_node
     base = cluster.collective_latency_us * 1e-6

@@ -16,8 +16,8 @@ from autoplan.schema import (
 )
 
 GIB = 2**30
-WorkloadFn = Callable[[int, int, bool], Workload]
-"""(micro_batch_size, tp, sequence_parallel) -> per-layer costs; analytic or from a profile."""
+WorkloadFn = Callable[[int, int, bool, int], Workload]
+"""(micro_batch_size, tp, sequence_parallel, cp) -> per-layer costs; analytic or from a profile."""
 
 
 def config_of(layout: Layout) -> Config:
@@ -48,7 +48,7 @@ def layout_of(config: Config, shapes: tuple[StageShape, ...]) -> Layout:
 def estimate_layout(workload_fn: WorkloadFn, cluster: Cluster, training: TrainingSetup,
                     layout: Layout) -> tuple[Predicted, Evaluation, StageTable]:
     config = config_of(layout)
-    workload = workload_fn(layout.micro_batch_size, layout.tp, layout.sequence_parallel)
+    workload = workload_fn(layout.micro_batch_size, layout.tp, layout.sequence_parallel, layout.cp)
     table = build_table(workload, cluster, training, config)
     shapes = shapes_of(layout)
     evaluation = evaluate(table, shapes)
@@ -59,13 +59,15 @@ def predict(workload: Workload, cluster: Cluster, training: TrainingSetup, table
             shapes: tuple[StageShape, ...], evaluation: Evaluation) -> Predicted:
     c = table.config
     step_s = evaluation.step_ns * 1e-9
-    n_devices = c.tp * c.pp * c.dp
+    n_devices = c.tp * c.cp * c.pp * c.dp
     microbatches_total = training.global_batch_size // c.micro_batch_size
     w = workload
-    model_flops = 3 * (w.num_layers * w.block.fwd_flops + w.head.fwd_flops) * c.tp * microbatches_total
+    # a layer's FLOPs are one device's: the TP shard of the cp-th part of the sequence
+    per_microbatch = c.tp * c.cp * microbatches_total
+    model_flops = 3 * (w.num_layers * w.block.fwd_flops + w.head.fwd_flops) * per_microbatch
     sel = sum(s.selective for s in shapes)
     full = sum(s.full for s in shapes)
-    recompute_flops = (sel * w.block.selective_extra_flops + full * w.block.fwd_flops) * c.tp * microbatches_total
+    recompute_flops = (sel * w.block.selective_extra_flops + full * w.block.fwd_flops) * per_microbatch
     peak = cluster.device.peak_tflops(training.activation_precision) * 1e12  # fp8: MFU against the bf16 peak
     per_gpu = model_flops / step_s / n_devices
     per_gpu_hw = (model_flops + recompute_flops) / step_s / n_devices
@@ -92,26 +94,29 @@ def with_local_params(predicted: Predicted, model: ModelSpec, layout: Layout, tr
 def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], ev: Evaluation) -> TimeBreakdown:
     """Where the critical rank's step goes; ``bubble_s`` is what its busy time and transfers leave idle."""
     r, m = ev.critical_rank, t.config.num_microbatches
-    compute = recompute = tp_comm = 0.0
+    compute = recompute = tp_comm = cp_comm = 0.0
     for s in t.stages_of(r):
         n, sh = shapes[s].layers, shapes[s]
         layers = [(w.block, n)] + ([(w.embedding, 1)] if s == 0 else []) + ([(w.head, 1)] if s == t.num_stages - 1 else [])
         for cost, count in layers:
             compute += m * count * (cost.fwd_s + cost.bwd_s)
             tp_comm += m * count * (cost.tp_fwd_s + cost.tp_bwd_s)
+            cp_comm += m * count * (cost.cp_fwd_s + cost.cp_bwd_s)
         recompute += m * (sh.selective * w.block.selective_extra_s + sh.full * w.block.fwd_s)
         tp_comm += m * sh.full * w.block.tp_fwd_s
+        cp_comm += m * sh.full * w.block.cp_fwd_s
     busy = ev.timeline.busy(r) * 1e-9
-    zero3 = max(0.0, busy - compute - recompute - tp_comm)
+    zero3 = max(0.0, busy - compute - recompute - tp_comm - cp_comm)
     path = _transfers_on_path(t, ev)
     end_s = ev.rank_end_ns[r] * 1e-9
     pp_comm = min(path, max(0.0, end_s - busy))
     step_s = ev.step_ns * 1e-9
     optimizer = _optimizer_s(t, shapes, r)
     dp_comm = ev.rank_tail_ns[r] * 1e-9 - optimizer  # exposed gradient reduction + ZeRO-1/2 weight all-gather
-    bubble = step_s - (compute + recompute + tp_comm + zero3 + pp_comm + dp_comm + optimizer)
+    bubble = step_s - (compute + recompute + tp_comm + cp_comm + zero3 + pp_comm + dp_comm + optimizer)
     return TimeBreakdown(compute_s=compute, recompute_s=recompute, tp_comm_s=tp_comm, pp_comm_s=pp_comm,
-                         zero3_gather_s=zero3, bubble_s=max(0.0, bubble), dp_comm_s=dp_comm, optimizer_s=optimizer)
+                         zero3_gather_s=zero3, bubble_s=max(0.0, bubble), dp_comm_s=dp_comm, optimizer_s=optimizer,
+                         cp_comm_s=cp_comm)
 
 
 def _transfers_on_path(t: StageTable, ev: Evaluation) -> float:
@@ -135,7 +140,7 @@ def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes
         params += w.embedding.params
     if t.num_stages - 1 in stages:
         params += w.head.params + (w.tied_copy_params if c.pp > 1 else 0.0)
-    per_param = state_bytes_per_param(training, c.zero_stage, c.dp, c.offload_optimizer)
+    per_param = state_bytes_per_param(training, c.zero_stage, c.dp_cp, c.offload_optimizer)
     mem = ev.memory[rank]
     return MemoryBreakdown(
         weights_gib=params * per_param.weights / GIB, gradients_gib=params * per_param.gradients / GIB,

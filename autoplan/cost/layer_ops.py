@@ -19,6 +19,9 @@ Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
 * attention core, ``standard``: the QK^T and attention-over-V batched GEMMs (a roofline: they must write
   and read the a x s x s scores) and the softmax and dropout kernels over the scores; backward twice the
   forward; selective recomputation reruns this forward.
+* attention core under context parallelism (cp > 1): torch's ring attention, cost/context_parallel.py: each
+  rank runs 1/cp of the causal work as cp fused kernels on its s/cp queries, and the ring's K/V exchange
+  shows where the kernels cannot hide it.
 * memory-bound (element-wise) work between the GEMMs: the bytes given, backward BACKWARD_MEMORY_FACTOR x;
   without gradient-accumulation fusion the backward also adds each weight gradient into the fp32 buffer
   (read the gradient, read and write the buffer: e + 8 bytes per parameter, every micro-batch).
@@ -26,10 +29,11 @@ Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autoplan.cost.activations import SavedBytes
 from autoplan.cost.comm import Collective, collective_time_s, group_link
+from autoplan.cost.context_parallel import RingExchange, ring_exposed_s
 from autoplan.cost.compute import flash_attention_time_s, matmul_time_s, memory_time_s
 from autoplan.schema import Cluster, TrainingSetup
 
@@ -67,22 +71,31 @@ class Gemm:
 @dataclass(frozen=True)
 class AttentionCore:
     """The attention core of one block on one device: ``batch`` sequences of ``seq_len`` tokens, ``heads``
-    query heads (this device's share) of ``head_dim``; causal as in a decoder-only LM."""
+    query heads (this device's share) of ``head_dim``; causal as in a decoder-only LM. Under context
+    parallelism (``cp`` > 1) the device holds seq_len / cp of the queries and does 1/cp of the work
+    (cost/context_parallel.py: torch's load-balanced split leaves no imbalance)."""
 
     batch: int
     heads: float
     seq_len: int
     head_dim: int
     dropout: bool
+    cp: int = 1
 
     @property
     def flops(self) -> float:
-        """QK^T and attention-over-V counted in full, 4 b s^2 h (Megatron's count, not halved for the mask)."""
-        return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.head_dim
+        """QK^T and attention-over-V counted in full, 4 b s^2 h (Megatron's count, not halved for the mask);
+        this device's 1/cp share."""
+        return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.head_dim / self.cp
+
+    @property
+    def kernel_seq_len(self) -> int:
+        """Queries one kernel call sees: the whole sequence, or under cp the rank's s / cp (one ring step)."""
+        return self.seq_len // self.cp
 
     @property
     def score_elements(self) -> float:
-        return self.batch * self.heads * self.seq_len ** 2
+        return self.batch * self.heads * self.seq_len ** 2 / self.cp
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,29 @@ class LayerOps:
     saved: SavedBytes
     tp_fwd: tuple[Message, ...] = ()
     tp_bwd: tuple[Message, ...] = ()
+    ring: RingExchange | None = None
+    """Context parallelism: the K/V the block's ring attention exchanges (None without cp)."""
+
+
+def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> LayerOps:
+    """What context parallelism does to one layer: each rank holds s / cp of every sequence's tokens, so
+    every token-linear quantity (GEMM rows, memory-bound bytes, saved activations, TP messages) is divided
+    by cp; the attention core keeps its length and does 1/cp of the work (``AttentionCore.cp``); the
+    parameters stay whole on every rank. Exact for flash attention (its saved bytes are linear in s);
+    the caller adds the block's ``ring``."""
+    if cp == 1:
+        return ops
+    if any(g.m % cp for g in ops.gemms):
+        raise ValueError(f"cp={cp} does not divide the GEMM rows {[g.m for g in ops.gemms]}")
+
+    def split(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+        return tuple(Message(m.kind, m.size_bytes / cp) for m in messages)
+
+    saved = SavedBytes(ops.saved.none / cp, ops.saved.selective / cp, ops.saved.full / cp)
+    return replace(ops, gemms=tuple(replace(g, m=g.m // cp) for g in ops.gemms),
+                   attention=replace(ops.attention, cp=cp) if ops.attention is not None else None,
+                   elementwise_bytes=ops.elementwise_bytes / cp, saved=saved, tp_fwd=split(ops.tp_fwd),
+                   tp_bwd=split(ops.tp_bwd), ring=ring)
 
 
 def fp8_cast_bytes(g: Gemm, e: int) -> tuple[float, float]:
@@ -142,11 +178,14 @@ class LayerCost:
     tp_fwd_s: float
     """TP collectives on the critical path of the forward (not overlapped, as in Megatron)."""
     tp_bwd_s: float
+    cp_fwd_s: float = 0.0
+    """Context parallelism: the ring's exchange not hidden behind the attention kernels, forward."""
+    cp_bwd_s: float = 0.0
 
     @property
     def full_extra_s(self) -> float:
-        """Full recomputation reruns the whole forward, its TP collectives included."""
-        return self.fwd_s + self.tp_fwd_s
+        """Full recomputation reruns the whole forward, its TP collectives and ring exchange included."""
+        return self.fwd_s + self.tp_fwd_s + self.cp_fwd_s
 
 
 @dataclass(frozen=True)
@@ -183,15 +222,21 @@ def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> Lay
     accumulate = 0.0 if training.grad_accumulation_fusion else ops.params * (e + 8)
     elem_bwd = memory_time_s(BACKWARD_MEMORY_FACTOR * ops.elementwise_bytes + cast_bwd + accumulate, device,
                              ops.elementwise_kernels + 2 * casts)
+    if ops.ring is not None:  # ring attention's log-sum-exp merges and fp32 gradient accumulation
+        elem_fwd += memory_time_s(ops.ring.merge_fwd_bytes, device, ops.ring.merge_fwd_kernels)
+        elem_bwd += memory_time_s(ops.ring.merge_bwd_bytes, device, ops.ring.merge_bwd_kernels)
     return LayerTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd)
 
 
 def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSetup) -> tuple[float, float]:
     device, act = cluster.device, training.activation_precision
     if training.attention == "flash":
+        # under cp the load-balanced ring runs cp kernels per direction, each on the rank's s/cp queries and
+        # executing 1/cp of its causal work: the same causal fraction in total (context_parallel.py)
         executed = FLASH_CAUSAL_FACTOR * core.flops
-        return (flash_attention_time_s(executed, core.seq_len, device, act, "fwd"),
-                flash_attention_time_s(FLASH_BACKWARD_FLOPS * executed, core.seq_len, device, act, "bwd"))
+        return (flash_attention_time_s(executed, core.kernel_seq_len, device, act, "fwd", calls=core.cp),
+                flash_attention_time_s(FLASH_BACKWARD_FLOPS * executed, core.kernel_seq_len, device, act, "bwd",
+                                       calls=core.cp))
     e = 4 if act == "fp32" else 2
     scores = core.score_elements
     qkv = e * core.batch * core.heads * core.seq_len * core.head_dim  # q (or k, v, the output) bytes
@@ -205,8 +250,13 @@ def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSe
 
 
 def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, tp: int) -> LayerCost:
-    """The one builder: ``LayerOps`` -> ``LayerCost`` on ``cluster`` (TP collectives on its TP group link)."""
+    """The one builder: ``LayerOps`` -> ``LayerCost`` on ``cluster`` (TP collectives on its TP group link,
+    the ring of context parallelism on its CP group's: ``ring.cp`` ranks at stride ``tp``, plan.py)."""
     t = layer_times(ops, cluster, training)
+    cp_fwd = cp_bwd = 0.0
+    if ops.ring is not None and ops.ring.cp > 1:
+        link = group_link(cluster, ops.ring.cp, tp)
+        cp_fwd, cp_bwd = ring_exposed_s(ops.ring, t.attention_fwd_s, t.attention_bwd_s, link)
     link = group_link(cluster, tp, 1)
     tp_fwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_fwd) if tp > 1 else 0.0
     tp_bwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_bwd) if tp > 1 else 0.0
@@ -219,5 +269,5 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, tp: int
         saved_bytes=ops.saved.none, selective_saved_bytes=ops.saved.selective, full_saved_bytes=ops.saved.full,
         selective_extra_s=t.attention_fwd_s if standard else 0.0,
         selective_extra_flops=ops.attention.flops if standard else 0.0,
-        tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
+        tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
     )

@@ -61,7 +61,7 @@ class LayoutTerms:
         self.capacity_scaled = PERMILLE * t.capacity_bytes
         self.p2p = list(t.p2p_ns)
         shapes = _schedule_shapes(t.orders, t.config.pp, S)
-        dp = t.config.dp
+        dp = t.config.dp_cp  # the ranks gradients are reduced over
         gather_latency = t.gather_latency_ns if dp > 1 and t.config.zero_stage in (1, 2) else 0
         self.memo: dict = {}
         """Per-rank answers that splits of this configuration share (the search's recompute bounds)."""

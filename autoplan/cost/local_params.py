@@ -4,7 +4,8 @@ DTensor TP and FSDP2 shard them, so that ``autoplan run --dry-run`` can compare 
 Per tensor: the TP split divides one dimension by tp (column-parallel matrices, their biases and the
 vocabulary-parallel embedding/head on dim 0; row-parallel matrices on dim 1; norms and row-parallel
 biases stay whole, runtime/parallel/tensor_parallel.py). Under ZeRO-3 FSDP2 then cuts the TP-local
-tensor's dim 0 into dp chunks of ceil(rows / dp) and allocates that padded chunk on every rank
+tensor's dim 0 into dp x cp chunks of ceil(rows / (dp x cp)) (FSDP2 runs over the flattened dp x cp
+mesh: context-parallel ranks hold the same parameters) and allocates that padded chunk on every rank
 (``FSDPParam.padded_sharded_param_size``), so every device of a pipeline rank holds the same count.
 Under ZeRO 0-2 a device holds its TP-local tensors whole for forward and backward (FSDP2 without
 resharding after forward), which is the count the ZeRO-1/2 memory model assumes.
@@ -79,5 +80,5 @@ def local_params_per_rank(model: ModelSpec, layout: Layout, training: TrainingSe
                 tensors += embedding_tensors(model, training.seq_len)
             if stage.index == last:
                 tensors += head_tensors(model, separate_copy=layout.pp > 1)
-        counts.append(sum(local_numel(t, layout.tp, layout.dp, layout.zero_stage) for t in tensors))
+        counts.append(sum(local_numel(t, layout.tp, layout.dp_cp, layout.zero_stage) for t in tensors))
     return tuple(counts)

@@ -1,6 +1,6 @@
 """The cost table of one parallel configuration: integer per-layer times (ns) and bytes.
 
-Once tp, pp, dp, sequence parallel, ZeRO stage, offload, schedule, virtual stages and the micro-batch
+Once tp, pp, dp, cp, sequence parallel, ZeRO stage, offload, schedule, virtual stages and the micro-batch
 size are fixed (a ``Config``), every remaining choice (how many layers each stage holds and how many of
 them recompute, selectively or fully) changes step time and memory *linearly* through this table.
 The evaluator (evaluate.py), the branch-and-bound search (through layout_terms.py) and the brute-force
@@ -108,21 +108,23 @@ def _ns(seconds: float) -> int:
 
 
 def layer_times(layer: LayerCost, zero3_gather_s: float = 0.0) -> LayerTimes:
-    """Forward and backward of one layer with its TP collectives; ZeRO-3 prefetches the next layer's
-    weights during this layer's compute, so only the excess of the gather shows. Without a gather these
-    are the least times any configuration with this layer cost can have (the search's group bound)."""
-    fwd = layer.fwd_s + layer.tp_fwd_s + max(0.0, zero3_gather_s - layer.fwd_s)
-    bwd = layer.bwd_s + layer.tp_bwd_s + max(0.0, zero3_gather_s - layer.bwd_s)
+    """Forward and backward of one layer with its TP collectives and the unhidden part of its CP ring;
+    ZeRO-3 prefetches the next layer's weights during this layer's compute, so only the excess of the
+    gather shows. Without a gather these are the least times any configuration with this layer cost can
+    have (the search's group bound)."""
+    fwd = layer.fwd_s + layer.tp_fwd_s + layer.cp_fwd_s + max(0.0, zero3_gather_s - layer.fwd_s)
+    bwd = layer.bwd_s + layer.tp_bwd_s + layer.cp_bwd_s + max(0.0, zero3_gather_s - layer.bwd_s)
     return LayerTimes(_ns(fwd), _ns(bwd))
 
 
 def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, config: Config) -> StageTable:
     c = config
-    states = state_bytes_per_param(training, c.zero_stage, c.dp, c.offload_optimizer)
-    dp_link = group_link(cluster, c.dp, c.tp)
+    # data parallelism and ZeRO run over the dp x cp ranks holding the same parameters, at stride tp (plan.py)
+    states = state_bytes_per_param(training, c.zero_stage, c.dp_cp, c.offload_optimizer)
+    dp_link = group_link(cluster, c.dp_cp, c.tp)
     weight_bytes = 2 if training.mixed_precision else 4
 
-    def gather_s(layer: LayerCost) -> float:  # ZeRO-3: all-gather one layer's weights over dp
+    def gather_s(layer: LayerCost) -> float:  # ZeRO-3: all-gather one layer's weights over dp x cp
         return collective_time_s("all_gather", layer.params * weight_bytes, dp_link) if c.zero_stage == 3 else 0.0
 
     def times(layer: LayerCost) -> LayerTimes:
@@ -139,7 +141,7 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
         return _ns(collective_bandwidth_s("all_gather", params * weight_bytes, dp_link))
 
     def optim_ns(params: float) -> int:
-        shard = params / c.dp if c.zero_stage >= 1 else params
+        shard = params / c.dp_cp if c.zero_stage >= 1 else params
         if c.offload_optimizer:  # host Adam, gradients down and weights up over PCIe
             return _ns(shard / (cluster.device.host_adam_gparams_per_s * 1e9)
                        + shard * 2 * weight_bytes / (cluster.device.host_link_gb_per_s * 1e9))
@@ -188,5 +190,5 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
 
 
 def _global_rank(config: Config, pp_rank: int) -> int:
-    """Global rank of (tp_rank 0, dp_rank 0, pp_rank): tp + tp * (dp + dp * pp), see plan.py."""
-    return config.tp * config.dp * pp_rank
+    """Global rank of (tp_rank 0, cp_rank 0, dp_rank 0, pp_rank): tp + tp * (cp + cp * (dp + dp * pp)), plan.py."""
+    return config.tp * config.cp * config.dp * pp_rank

@@ -90,8 +90,8 @@ def rank_fixed_dynamic(t: StageTable, rank: int) -> int:
 
 @_per_table
 def rank_sync(t: StageTable, rank: int) -> Linear:
-    """Gradient reduction over dp (ns): all-reduce for ZeRO-0, reduce-scatter otherwise."""
-    if t.config.dp == 1:
+    """Gradient reduction over dp x cp (ns): all-reduce for ZeRO-0, reduce-scatter otherwise."""
+    if t.config.dp_cp == 1:
         return Linear({})
     expr = _per_rank(t, rank, t.sync_block_ns, t.sync_embedding_ns, t.sync_head_ns)
     return Linear(expr.coefs, expr.const + t.sync_latency_ns)
@@ -101,6 +101,6 @@ def rank_sync(t: StageTable, rank: int) -> Linear:
 def rank_gather_and_step(t: StageTable, rank: int) -> Linear:
     """ZeRO-1/2 all-gather of updated weights plus the optimizer step (ns): after the reduction, never hidden."""
     gather = _per_rank(t, rank, t.gather_block_ns, t.gather_embedding_ns, t.gather_head_ns)
-    if t.config.dp > 1 and t.config.zero_stage in (1, 2):
+    if t.config.dp_cp > 1 and t.config.zero_stage in (1, 2):
         gather = Linear(gather.coefs, gather.const + t.gather_latency_ns)
     return gather + _per_rank(t, rank, t.optim_block_ns, t.optim_embedding_ns, t.optim_head_ns)

@@ -38,11 +38,13 @@ class Workload:
     """Activation bytes a stage sends to the next, per micro-batch."""
     logits_transient_bytes: float
     """Peak working memory of the loss on the last stage (logits and their gradient)."""
+    cp: int = 1
+    """Context-parallel ranks: each layer's costs are those of one rank holding s / cp of every sequence."""
 
 
 def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_layers: int, micro_batch_size: int,
                    tp: int, sp: bool, cluster: Cluster, training: TrainingSetup, tied_copy_params: float,
-                   output_bytes: float, logits_transient_bytes: float) -> Workload:
+                   output_bytes: float, logits_transient_bytes: float, cp: int = 1) -> Workload:
     """The one way to a Workload: each layer's ops priced by ``layer_cost`` on ``cluster``."""
     def cost(ops: LayerOps) -> LayerCost:
         return layer_cost(ops, cluster, training, tp)
@@ -50,19 +52,19 @@ def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_
     return Workload(micro_batch_size=micro_batch_size, seq_len=training.seq_len, tp=tp, sequence_parallel=sp,
                     num_layers=num_layers, embedding=cost(embedding), block=cost(block), head=cost(head),
                     tied_copy_params=tied_copy_params, output_bytes=output_bytes,
-                    logits_transient_bytes=logits_transient_bytes)
+                    logits_transient_bytes=logits_transient_bytes, cp=cp)
 
 
 def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetup, micro_batch_size: int,
-                      tp: int, sp: bool) -> Workload:
+                      tp: int, sp: bool, cp: int = 1) -> Workload:
     b, s = micro_batch_size, training.seq_len
     e = act.elem_bytes(training.activation_precision)
     vocab = model.padded_vocab_size(tp)
     return build_workload(
-        embedding_ops(model, b, s, tp, sp, e), block_ops(model, b, s, tp, sp, e, training.attention),
-        head_ops(model, b, s, tp, sp, e), num_layers=model.num_layers, micro_batch_size=b, tp=tp, sp=sp,
+        embedding_ops(model, b, s, tp, sp, e, cp), block_ops(model, b, s, tp, sp, e, training.attention, cp),
+        head_ops(model, b, s, tp, sp, e, cp), num_layers=model.num_layers, micro_batch_size=b, tp=tp, sp=sp,
         cluster=cluster, training=training,
         tied_copy_params=vocab * model.hidden_size / tp if model.tie_embeddings else 0.0,
-        output_bytes=act.stage_output_bytes(model, b, s, tp, sp, e),
-        logits_transient_bytes=act.logits_transient_bytes(b, s, tp, e, vocab),
+        output_bytes=act.stage_output_bytes(model, b, s, tp, sp, e) / cp,
+        logits_transient_bytes=act.logits_transient_bytes(b, s, tp, e, vocab) / cp, cp=cp,
     )

@@ -198,7 +198,7 @@ def shape(args: argparse.Namespace, plan: Plan, plan_path: str, runtime_args: tu
             raise SpecError("--max-restarts: restarts are done on one node only; drop it with --nnodes > 1")
     nproc = world // nnodes
     if args.nproc is not None and args.nproc != nproc:
-        raise SpecError(f"--nproc {args.nproc}: the plan needs tp * pp * dp = {world} processes"
+        raise SpecError(f"--nproc {args.nproc}: the plan needs tp * cp * pp * dp = {world} processes"
                         + (f" ({nproc} per node)" if nnodes > 1 else ""))
     endpoint = None if args.slurm else _endpoint(args.rdzv_endpoint, nnodes)
     if check_devices and not args.slurm:

@@ -100,10 +100,19 @@ def device_matches(profile: ModelProfile, cluster: Cluster) -> bool:
 
 
 def profile_workload_fn(profile: ModelProfile, cluster: Cluster, training: TrainingSetup,
-                        rescale: bool = False) -> Callable[[int, int, bool], Workload]:
-    """The planner's WorkloadFn for a profiled model (checks the profile first)."""
+                        rescale: bool = False) -> Callable[..., Workload]:
+    """The planner's WorkloadFn for a profiled model (checks the profile first). Context parallelism is
+    planned from model specs only: its ring exchanges K and V, whose width a profile does not record
+    (the planner searches cp = 1 for a profile)."""
     measured = check_profile(profile, cluster, training, rescale)
-    return lambda b, tp, sp: profile_workload(profile, cluster, training, b, tp, sp, measured)
+
+    def fn(b: int, tp: int, sp: bool, cp: int = 1) -> Workload:
+        if cp > 1:
+            raise SpecError(f"cp: {profile.name} is a profile, which does not record the K/V width ring attention "
+                            "exchanges; plan context parallelism from the model spec or config.json")
+        return profile_workload(profile, cluster, training, b, tp, sp, measured)
+
+    return fn
 
 
 def profile_workload(profile: ModelProfile, cluster: Cluster, training: TrainingSetup, micro_batch_size: int,

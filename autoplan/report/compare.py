@@ -100,7 +100,7 @@ def read_measured_trace(path: str | Path) -> dict[str, Any]:
 def comparison(sim: SimulatedStep, run: MeasuredRun, trace: dict[str, Any] | None) -> dict[str, Any]:
     """Everything ``compare --json`` prints."""
     plan, predicted = sim.plan, sim.predicted
-    ranks_per_stage = plan.tp * plan.dp
+    ranks_per_stage = plan.tp * plan.cp * plan.dp
     memory = [{"rank": r, "pp_rank": r // ranks_per_stage, "predicted_gib": sim.memory_per_rank[r // ranks_per_stage].total_gib,
                "measured_gib": g} for r, g in enumerate(run.peak_gib_per_rank)]
     for m in memory:
@@ -132,7 +132,8 @@ def _measured_split(sim: SimulatedStep, trace: dict[str, Any]) -> dict[str, Any]
     pp_rank = sim.evaluation.critical_rank
     ranks = trace.get("ranks", {})
     chosen = next((k for k, r in sorted(ranks.items(), key=lambda kv: int(kv[0]))
-                   if r.get("pp_rank") == pp_rank and r.get("dp_rank") == 0 and r.get("tp_rank") == 0), None)
+                   if r.get("pp_rank") == pp_rank and r.get("dp_rank") == 0 and r.get("cp_rank", 0) == 0
+                   and r.get("tp_rank") == 0), None)
     if chosen is None or not ranks[chosen].get("steps"):
         raise SpecError(f"--trace: no traced steps of pipeline rank {pp_rank} (dp 0, tp 0) in the trace; "
                         "was it recorded for this plan?")

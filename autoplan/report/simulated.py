@@ -50,7 +50,7 @@ class SimulatedStep:
 def simulate_plan(plan: Plan, workload_fn: WorkloadFn) -> SimulatedStep:
     """The cost model's verdict on the plan's layout (estimate_layout's steps, keeping the pieces)."""
     layout = plan.layout()
-    workload = workload_fn(layout.micro_batch_size, layout.tp, layout.sequence_parallel)
+    workload = workload_fn(layout.micro_batch_size, layout.tp, layout.sequence_parallel, layout.cp)
     table = build_table(workload, plan.cluster, plan.training, config_of(layout))
     shapes = shapes_of(layout)
     ev = evaluate(table, shapes)

@@ -13,7 +13,9 @@ def layout_label(x: Layout) -> str:
     if x.offload_optimizer:
         flags.append("offload")
     extra = f" {'+'.join(flags)}" if flags else ""
-    return f"tp{x.tp} pp{x.pp} dp{x.dp} zero{x.zero_stage} {sched} mbs{x.micro_batch_size}x{x.num_microbatches}{extra}"
+    cp = f" cp{x.cp}" if x.cp > 1 else ""
+    return (f"tp{x.tp} pp{x.pp} dp{x.dp}{cp} zero{x.zero_stage} {sched} mbs{x.micro_batch_size}x{x.num_microbatches}"
+            f"{extra}")
 
 
 def recompute_label(x: Layout) -> str:
@@ -45,6 +47,8 @@ def breakdown_table(p: Predicted) -> str:
         ("compute", t.compute_s), ("recompute", t.recompute_s), ("tp communication", t.tp_comm_s),
         ("pp transfers", t.pp_comm_s), ("zero-3 gathers", t.zero3_gather_s), ("pipeline bubble", t.bubble_s),
         ("dp communication", t.dp_comm_s), ("optimizer step", t.optimizer_s))]
+    if t.cp_comm_s > 0:
+        time_rows.insert(3, ["cp ring exchange", f"{t.cp_comm_s:.4f}", f"{100 * t.cp_comm_s / p.step_time_s:.1f}%"])
     mem_rows = [[k, f"{v:.2f}"] for k, v in (
         ("weights", m.weights_gib), ("gradients", m.gradients_gib), ("optimizer state", m.optimizer_gib),
         ("activations", m.activations_gib), ("buffers", m.buffers_gib), ("fragmentation reserve", m.reserve_gib),

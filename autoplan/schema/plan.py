@@ -9,9 +9,15 @@ looped placement of Narayanan et al. 2021 and of torch's ScheduleInterleaved1F1B
 embedding, the last stage also holds the final norm and the output projection ("head"). ``layers`` is a
 half-open range ``[first, stop)`` of block indices.
 
-Rank order (what the cost model assumes and the runtime builds): tp fastest, then dp, then pp, i.e.
-``global_rank = tp_rank + tp * (dp_rank + dp * pp_rank)`` (Megatron's formula), so a TP group sits
-inside one node whenever tp divides devices_per_node.
+Rank order (what the cost model assumes and the runtime builds): tp fastest, then cp, then dp, then pp:
+
+    global_rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)),   world = tp * cp * dp * pp
+
+(Megatron's formula with the context-parallel axis inside the data-parallel one; torchtitan's mesh
+order pp, dp, cp, tp). So a TP group sits inside one node whenever tp divides devices_per_node, a
+CP group (stride tp) too when tp * cp does, and the ranks that hold the same parameters -- the dp x cp
+ranks of one (pp, tp) coordinate, over which gradients are averaged and ZeRO shards -- are
+consecutive at stride tp.
 """
 
 from __future__ import annotations
@@ -52,20 +58,21 @@ class Stage:
 
 
 def dimension(help: str, *, flag: str | None = None, choices: tuple | None = None, estimate_needs: bool = False,
-              pinnable: bool = True) -> Any:
+              pinnable: bool = True, default: Any = dataclasses.MISSING) -> Any:
     """A parallel dimension of ``ParallelConfig`` and what the command line and the search need to know of it.
 
     ``help`` is the flag's help text, ``flag`` the option name when it is not the field's name with dashes,
     ``choices`` the allowed values (bool fields become ``--x/--no-x``), ``estimate_needs`` marks the fields
     ``autoplan estimate`` cannot default, and ``pinnable`` is False for a field that follows from the others
     (``Pins``, the plan and estimate flags and ``Layout`` are all derived from these fields: a new dimension
-    is one new field here, plus its cost-model terms and its loop in search/space.py).
+    is one new field here, plus its cost-model terms and its loop in search/space.py). ``default`` lets
+    plan files written before a dimension existed load (cp: 1).
     """
-    return dataclasses.field(metadata={"help": help, "flag": flag, "choices": choices,
-                                       "estimate_needs": estimate_needs, "pinnable": pinnable})
+    return dataclasses.field(default=default, metadata={"help": help, "flag": flag, "choices": choices,
+                                                        "estimate_needs": estimate_needs, "pinnable": pinnable})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     """A layout without its stages: what the search enumerates before it places layers and recomputation.
 
@@ -76,7 +83,12 @@ class ParallelConfig:
     tp: int = dimension("tensor-parallel size (divides the devices per node and the model's heads)",
                         estimate_needs=True)
     pp: int = dimension("pipeline-parallel ranks", estimate_needs=True)
-    dp: int = dimension("data-parallel replicas (default: the devices left over by tp x pp)")
+    dp: int = dimension("data-parallel replicas (default: the devices left over by tp x cp x pp)")
+    cp: int = dimension("context-parallel ranks: each sequence is split over cp ranks in 2 x cp load-balanced "
+                        "chunks and attention runs as a ring exchanging K/V (needs flash attention, dropout 0 "
+                        "and seq_len divisible by 2 x cp)", default=1)
+    """Context parallelism (ring attention, torch's context_parallel): the ranks of a CP group hold the
+    same parameters and different tokens of every sequence; 1 = off."""
     sequence_parallel: bool = dimension("split norms and dropout along the sequence within the TP group "
                                         "(Korthikanti et al. 2022; needs tp > 1)")
     zero_stage: int = dimension("0: replicated data parallelism; 1: optimizer state sharded; 2: + gradients; "
@@ -97,6 +109,13 @@ class ParallelConfig:
     def num_stages(self) -> int:
         return self.pp * self.virtual_stages
 
+    @property
+    def dp_cp(self) -> int:
+        """Ranks holding the same parameters (one pipeline rank, one TP shard): dp x cp. Gradients are
+        averaged and ZeRO shards over them, as torchtitan shards FSDP over its dp_shard_cp mesh: CP ranks
+        hold the same weights and see different tokens, exactly like data-parallel replicas."""
+        return self.dp * self.cp
+
 
 def parallel_dimensions() -> tuple[dataclasses.Field, ...]:
     """The fields of ``ParallelConfig``, in order, with their ``dimension`` metadata."""
@@ -111,15 +130,15 @@ class Layout(ParallelConfig):
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     def validate(self) -> None:
-        for name, high in (("tp", MAX_DEVICES_PER_NODE), ("pp", MAX_LAYERS), ("dp", MAX_DEVICES),
+        for name, high in (("tp", MAX_DEVICES_PER_NODE), ("pp", MAX_LAYERS), ("dp", MAX_DEVICES), ("cp", MAX_DEVICES),
                            ("virtual_stages", MAX_LAYERS), ("micro_batch_size", MAX_BATCH_SIZE),
                            ("num_microbatches", MAX_BATCH_SIZE)):
             require_range(self, name, 1, high)
         require(self.world_size <= MAX_DEVICES, "dp",
-                f"tp * pp * dp = {self.world_size:,} devices; no cluster has more than {MAX_DEVICES:,}")
+                f"tp * cp * pp * dp = {self.world_size:,} devices; no cluster has more than {MAX_DEVICES:,}")
         require(self.zero_stage in (0, 1, 2, 3), "zero_stage", f"{self.zero_stage} is not 0, 1, 2 or 3")
         require(not (self.sequence_parallel and self.tp == 1), "sequence_parallel",
                 "needs tp > 1 (sequence parallel splits the norms across the TP group)")
@@ -169,12 +188,37 @@ def check_fits(layout: Layout, model: ModelSpec, training: TrainingSetup, num_de
     require(last == model.num_layers, "stages", f"stages cover {last} layers, the model has {model.num_layers}")
     require(layout.num_stages <= model.num_layers, "pp",
             f"pp * virtual_stages = {layout.num_stages} exceeds num_layers = {model.num_layers}")
+    check_context_parallel(layout.cp, model, training)
     if num_devices is not None:
         require(layout.world_size == num_devices, "dp",
-                f"tp * pp * dp = {layout.world_size} but the cluster has {num_devices} devices")
+                f"tp * cp * pp * dp = {layout.world_size} but the cluster has {num_devices} devices")
     per_step = layout.micro_batch_size * layout.num_microbatches * layout.dp
     require(per_step == training.global_batch_size, "num_microbatches",
             f"micro_batch_size * num_microbatches * dp = {per_step}, global_batch_size = {training.global_batch_size}")
+
+
+def context_parallel_refusal(cp: int, model: ModelSpec, training: TrainingSetup) -> str | None:
+    """Why ``cp`` cannot run this model and setup (None: it can). What torch's ring attention needs
+    (torch/distributed/tensor/experimental/_context_parallel): the load-balanced causal split cuts each
+    sequence into 2 x cp chunks (rank r keeps chunks r and 2cp-1-r), and each ring step runs a fused
+    kernel that returns its log-sum-exp (flash); attention dropout inside those kernels draws its masks
+    per ring step, which no layout-free scheme can make equal to serial, so cp needs dropout 0."""
+    if cp == 1:
+        return None
+    if training.seq_len % (2 * cp):
+        return (f"seq_len {training.seq_len} is not divisible by 2 x cp = {2 * cp} (the load-balanced causal "
+                f"split cuts every sequence into 2 x cp chunks); use a cp with 2 x cp dividing {training.seq_len}")
+    if training.attention != "flash":
+        return f"cp={cp} runs ring attention on fused flash kernels; use attention: flash (--attention flash)"
+    if model.dropout > 0:
+        return (f"cp={cp} needs dropout 0 (the model has {model.dropout}): ring attention's kernels draw "
+                "attention-dropout masks per ring step, which cannot equal the serial run's")
+    return None
+
+
+def check_context_parallel(cp: int, model: ModelSpec, training: TrainingSetup) -> None:
+    reason = context_parallel_refusal(cp, model, training)
+    require(reason is None, "cp", reason or "")
 
 
 @dataclass(frozen=True)
@@ -194,6 +238,9 @@ class TimeBreakdown:
     dp_comm_s: float
     """Gradient reduction (and ZeRO-1/2 parameter all-gather) not hidden behind backward."""
     optimizer_s: float
+    cp_comm_s: float = 0.0
+    """Context parallelism: the ring's K/V (and, in backward, dK/dV) exchange not hidden behind the
+    attention kernels."""
 
 
 @dataclass(frozen=True)
@@ -230,8 +277,8 @@ class Predicted:
     memory: MemoryBreakdown
     local_params_per_rank: tuple[int, ...] = ()
     """Parameters one device of each pipeline rank holds, in rank order: its stages' tensors after the TP
-    split and, under ZeRO-3, its FSDP shard (each tensor's dim 0 cut into dp chunks of ceil(rows / dp),
-    the padded size FSDP2 allocates on every rank). Under ZeRO 0-2 every rank holds its TP-local tensors
+    split and, under ZeRO-3, its FSDP shard (each tensor's dim 0 cut into dp x cp chunks of
+    ceil(rows / (dp x cp)), the padded size FSDP2 allocates on every rank). Under ZeRO 0-2 every rank holds its TP-local tensors
     whole during the step. A tied embedding under pp > 1 counts on both the first and the last rank (the
     head keeps a copy). Exact, so ``autoplan run --dry-run`` can compare it with what the runtime builds;
     empty in plans written before the field existed."""

@@ -31,7 +31,7 @@ MEASURED_TERMS: tuple[str, ...] = TIME_TERMS + ("other",)
 SLICE_NAMES: dict[str, str] = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "tp comm", "pp_comm": "p2p",
     "zero3_gather": "zero-3 gather", "bubble": "bubble", "dp_comm": "dp reduction", "optimizer": "optimizer",
-    "other": "other",
+    "cp_comm": "cp ring", "other": "other",
 }
 """Slice name of each term."""
 FORWARD, BACKWARD = "forward", "backward"

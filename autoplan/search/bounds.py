@@ -4,7 +4,7 @@ They let the search skip what cannot beat the best plans found so far (or cannot
 optimality: each bound is at most the simulated step time of every layout below it. Four levels, each
 at least as tight as the one above:
 
-* group (tp, pp, dp, sp, micro-batch): every rank runs its forwards and backwards one at a time, so the
+* group (tp, cp, pp, dp, sp, micro-batch): every rank runs its forwards and backwards one at a time, so the
   busiest rank works at least the average, m x W / pp, for W the whole model's forward + backward per
   micro-batch with no ZeRO-3 gather and no recomputation.
 * configuration (adds ZeRO, offload, schedule): per rank, micro-batch 0 must pass the stages in front
@@ -52,7 +52,7 @@ def group_lower_bound_ns(workload: Workload, pp: int, num_microbatches: int,
     return int(pipeline * (1 - 1e-9))
 
 
-def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup, pp: int, dp: int,
+def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup, pp: int, dp_cp: int,
                   state_options: Iterable[tuple[int, bool]], least_layers: int) -> bool:
     """False when no configuration of the group fits. Whatever the schedule, every rank holds at its
     peak at least one micro-batch of a stage of at least ``least_layers`` layers, each keeping at least
@@ -61,7 +61,7 @@ def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup,
     the rank with the head holds the head's states, activations and the loss's logits."""
     head = workload.head.params + (workload.tied_copy_params if pp > 1 else 0.0)
     params = workload.num_layers * workload.block.params + workload.embedding.params + head
-    per_param = min(state_bytes_per_param(training, zero, dp, offload).total for zero, offload in state_options)
+    per_param = min(state_bytes_per_param(training, zero, dp_cp, offload).total for zero, offload in state_options)
     block = workload.block
     acts = least_layers * min(block.saved_bytes, block.selective_saved_bytes, block.full_saved_bytes)
     capacity = PERMILLE * int(cluster.device.memory_gib * (1 - training.memory_margin) * 2**30)

@@ -2,7 +2,7 @@
 
 Two solvers over the same space (search/space.py) and the same cost model:
 
-* ``bnb``: a best-first branch-and-bound. The nodes are, from the top, groups of configurations (tp, pp,
+* ``bnb``: a best-first branch-and-bound. The nodes are, from the top, groups of configurations (tp, cp, pp,
   dp, sequence parallel, micro-batch size), configurations (+ ZeRO stage, offload, schedule), stage splits
   and stage layouts (+ per-rank recomputation); each carries a lower bound on the step time of everything
   below it (search/bounds.py). The node with the least bound is expanded first; a layout is simulated
@@ -126,12 +126,12 @@ class _Run:
         self.t0 = time.perf_counter()
         self.next_report = self.t0 + PROGRESS_INTERVAL_S
         self.reported = False
-        self.workloads: dict[tuple[int, int, bool], Workload] = {}
+        self.workloads: dict[tuple[int, int, bool, int], Workload] = {}
         self.states: list[_ConfigState] = []
         self.considered = self.bounded = self.simulated = 0
 
     def workload(self, group: Group) -> Workload:
-        key = (group.micro_batch_size, group.tp, group.sequence_parallel)
+        key = (group.micro_batch_size, group.tp, group.sequence_parallel, group.cp)
         if key not in self.workloads:
             self.workloads[key] = self.workload_fn(*key)
         return self.workloads[key]
@@ -182,7 +182,7 @@ class _Run:
             shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, trim)))
                       for _, v in schedules}
             workload = self.workload(group)
-            if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp, states,
+            if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp_cp, states,
                                  min(least for _, least in shapes)):
                 continue
             key = group_lower_bound_ns(workload, group.pp, group.num_microbatches, sorted(shapes))

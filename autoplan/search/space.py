@@ -1,14 +1,17 @@
 """The search space: which configurations, stage splits and recomputation choices the planner considers.
 
 Configurations (``Config``): tp divides the devices per node, the attention heads, the KV heads and the FFN
-width (the vocabulary is padded to fit); pp any value with tp * pp dividing the devices (dp is the rest); sequence
-parallel on/off when tp > 1; ZeRO 0-3 when dp > 1; optimizer offload with ZeRO >= 1 on GPUs; every micro-batch
+width (the vocabulary is padded to fit); cp (context parallelism) any value with tp * cp dividing the devices
+and 2 * cp dividing the sequence, for a model spec with flash attention and dropout 0 (plan.py's
+``context_parallel_refusal``; a CP group that leaves the node pays the inter-node link, cost/comm.py); pp any
+value with tp * cp * pp dividing the devices (dp is the rest); sequence parallel on/off when tp > 1; ZeRO 0-3
+when dp * cp > 1 (ZeRO shards over the dp x cp ranks that hold the same parameters); optimizer offload with ZeRO >= 1 on GPUs; every micro-batch
 size dividing the per-replica batch that leaves at most ``max_microbatches`` micro-batches; GPipe, 1F1B
 (needs m >= pp) and interleaved 1F1B with 2 to ``max_virtual_stages`` stages per rank; at most
 ``max_stage_microbatches`` stage forwards per step (m x stages, which sizes the action lists). Pins
 (``Pins``) fix any of these.
 
-Configurations come in groups (``Group``: tp, pp, dp, sequence parallel, micro-batch size), which fix the
+Configurations come in groups (``Group``: tp, cp, pp, dp, sequence parallel, micro-batch size), which fix the
 per-layer costs and the batch split; the search bounds a whole group before it looks at its ZeRO stages,
 offload and schedules.
 
@@ -36,7 +39,7 @@ from typing import Iterator
 from autoplan.cost.stage_table import Config
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup
-from autoplan.schema.plan import parallel_dimensions
+from autoplan.schema.plan import context_parallel_refusal, parallel_dimensions
 
 # Sizes no cluster or model has; beyond them the planner refuses instead of enumerating. The largest
 # training clusters today have about 10^5 devices, the deepest models about 10^2 layers, the largest
@@ -71,6 +74,10 @@ class SearchLimits:
     """Micro-batches per step per replica: beyond a thousand the bubble is gone and only the lists grow."""
     max_stage_microbatches: int = 2**16
     """Micro-batches times stages: the number of forwards in a schedule's action lists."""
+    max_cp: int = 32
+    """Context-parallel ranks: twice the 16 Llama 3 used for its 128k-token training stage (Dubey et al.
+    2024, section 3.3.2); beyond that a rank's chunks shrink below the kernels' efficient lengths while
+    the ring's exchange does not."""
 
 
 def check_size(model, cluster: Cluster, training: TrainingSetup) -> None:
@@ -130,9 +137,21 @@ def tp_options(model, cluster: Cluster) -> list[int]:
             and model.ffn_hidden_size % t == 0]  # the vocabulary is padded to a multiple of tp (ModelSpec)
 
 
+def cp_options(model, training: TrainingSetup, devices_left: int, max_cp: int = SearchLimits.max_cp) -> list[int]:
+    """Context-parallel sizes the search tries: powers of two up to ``max_cp`` dividing ``devices_left``
+    (the devices tp leaves) that the model and setup allow (2 x cp divides seq_len, flash, no dropout).
+    Powers of two as torchtitan and Megatron-LM use (a ring of 3 or 6 splits no real sequence length
+    better than its neighbours), which keeps the loop to a handful. 1 only for a profile (its ring's
+    K/V width is not recorded, profiler/adapter.py)."""
+    if not isinstance(model, ModelSpec):
+        return [1]
+    powers = [2**k for k in range(max_cp.bit_length()) if 2**k <= max_cp and devices_left % 2**k == 0]
+    return [c for c in powers if context_parallel_refusal(c, model, training) is None]
+
+
 @dataclass(frozen=True)
 class Group:
-    """tp, pp, dp, sequence parallel and micro-batching: what fixes the per-layer costs and the batch split."""
+    """tp, cp, pp, dp, sequence parallel and micro-batching: what fixes the per-layer costs and the batch split."""
 
     tp: int
     pp: int
@@ -140,6 +159,12 @@ class Group:
     sequence_parallel: bool
     micro_batch_size: int
     num_microbatches: int
+    cp: int = 1
+
+    @property
+    def dp_cp(self) -> int:
+        """The ranks holding the same parameters (gradients reduced and ZeRO sharded over them)."""
+        return self.dp * self.cp
 
 
 def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
@@ -149,17 +174,21 @@ def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
     for tp in tps:
         if n % tp:
             continue
-        pps = [pins.pp] if pins.pp is not None else divisors(n // tp)
-        for pp in pps:
-            if n % (tp * pp) or pp > L:
+        cps = [pins.cp] if pins.cp is not None else cp_options(model, training, n // tp, limits.max_cp)
+        for cp in cps:
+            if n % (tp * cp):
                 continue
-            dp = n // (tp * pp)
-            if (pins.dp is not None and dp != pins.dp) or gbs % dp:
-                continue
-            per_replica = gbs // dp
-            for sp in _bools(pins.sequence_parallel, allowed=tp > 1):
-                for mbs in _micro_batches(pins.micro_batch_size, per_replica, limits.max_microbatches):
-                    yield Group(tp, pp, dp, sp, mbs, per_replica // mbs)
+            pps = [pins.pp] if pins.pp is not None else divisors(n // (tp * cp))
+            for pp in pps:
+                if n % (tp * cp * pp) or pp > L:
+                    continue
+                dp = n // (tp * cp * pp)
+                if (pins.dp is not None and dp != pins.dp) or gbs % dp:
+                    continue
+                per_replica = gbs // dp
+                for sp in _bools(pins.sequence_parallel, allowed=tp > 1):
+                    for mbs in _micro_batches(pins.micro_batch_size, per_replica, limits.max_microbatches):
+                        yield Group(tp, pp, dp, sp, mbs, per_replica // mbs, cp)
 
 
 def group_choices(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
@@ -167,7 +196,7 @@ def group_choices(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
     """The group's (ZeRO stage, offload) pairs and (schedule, virtual stages) pairs: its configurations
     are every combination of one of each."""
     gpu = cluster.device.kind == "gpu"  # on a CPU the host is the device: nothing to offload to
-    states = [(zero, offload) for zero in _zero_stages(pins.zero_stage, group.dp)
+    states = [(zero, offload) for zero in _zero_stages(pins.zero_stage, group.dp_cp)
               for offload in _bools(pins.offload_optimizer, allowed=zero >= 1 and gpu)]
     return states, list(_schedules(pins, group.pp, group.num_microbatches, num_layers, limits))
 
@@ -178,7 +207,7 @@ def group_configs(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
     states, schedules = group_choices(group, cluster, pins, num_layers, limits)
     for zero, offload in states:
         for schedule, v in schedules:
-            yield Config(tp=g.tp, pp=g.pp, dp=g.dp, sequence_parallel=g.sequence_parallel, zero_stage=zero,
+            yield Config(tp=g.tp, pp=g.pp, dp=g.dp, cp=g.cp, sequence_parallel=g.sequence_parallel, zero_stage=zero,
                          offload_optimizer=offload, schedule=schedule, virtual_stages=v,
                          micro_batch_size=g.micro_batch_size, num_microbatches=g.num_microbatches)
 
@@ -196,10 +225,10 @@ def _bools(pin: bool | None, allowed: bool) -> list[bool]:
     return [False, True] if allowed else [False]
 
 
-def _zero_stages(pin: int | None, dp: int) -> list[int]:
+def _zero_stages(pin: int | None, dp_cp: int) -> list[int]:
     if pin is not None:
         return [pin]
-    return [0, 1, 2, 3] if dp > 1 else [0]  # with dp = 1 every ZeRO stage is stage 0
+    return [0, 1, 2, 3] if dp_cp > 1 else [0]  # with dp x cp = 1 every ZeRO stage is stage 0
 
 
 def _micro_batches(pin: int | None, per_replica: int, max_microbatches: int) -> list[int]:

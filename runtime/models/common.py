@@ -17,7 +17,8 @@ class AttentionCore(nn.Module):
     """softmax(q k^T / sqrt(d) + causal mask) v, with dropout on the probabilities.
 
     ``recompute = True`` is selective recomputation (Korthikanti et al. 2022): this core keeps only q, k, v
-    for backward and recomputes scores/softmax/dropout. It is set by the runtime, not by the model.
+    for backward and recomputes scores/softmax/dropout. ``ring_group`` (a CP group) makes it ring attention
+    over sequence shards (runtime/parallel/context_parallel.py). Both are set by the runtime, not the model.
     """
 
     def __init__(self, dropout: float) -> None:
@@ -28,6 +29,8 @@ class AttentionCore(nn.Module):
         self.state: DropoutState | None = None
         self.head_shard = (0, 1)
         """(tp_rank, tp): this rank holds heads [tp_rank * h/tp, (tp_rank + 1) * h/tp)."""
+        self.ring_group = None
+        """Context parallelism: the CP group's ProcessGroup; q, k, v then hold this rank's sequence shard."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [B, h, T, d]; k, v: [B, kv, T, d] with h % kv == 0 (GQA when kv < h)
@@ -36,6 +39,9 @@ class AttentionCore(nn.Module):
         return self._attend(q, k, v)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.ring_group is not None:  # plans with cp > 1 have dropout 0 (autoplan/schema/plan.py)
+            from runtime.parallel.context_parallel import ring_attention
+            return ring_attention(q, k, v, self.ring_group)
         p = self.dropout if self.training else 0.0
         if p > 0 and self.state is not None and not q.is_meta:
             return attention_with_dropout(self, q, k, v)

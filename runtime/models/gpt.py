@@ -19,10 +19,12 @@ class Embedding(nn.Module):
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.pos = nn.Embedding(seq_len, spec.hidden_size)
         self.drop = LayoutFreeDropout(spec.dropout)
+        self.positions: torch.Tensor | None = None
+        """Global positions of the tokens this rank holds (context parallelism); None: 0 .. T-1."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
-        positions = torch.arange(t, device=tokens.device)
+        positions = self.positions if self.positions is not None else torch.arange(t, device=tokens.device)
         return self.drop(self.tok(tokens) + self.pos(positions))  # [B, T, H]
 
 

@@ -52,6 +52,8 @@ class Attention(nn.Module):
         # non-persistent: derived from the spec, so not part of checkpoints
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.positions: torch.Tensor | None = None
+        """Global positions of the tokens this rank holds (context parallelism); None: 0 .. T-1."""
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables on the buffers' device (after a meta build and ``to_empty``)."""
@@ -64,7 +66,10 @@ class Attention(nn.Module):
         q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, h, T, d] (h local under TP)
         k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)  # [B, kv, T, d]
         v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        cos, sin = self.rope_cos, self.rope_sin
+        if self.positions is not None:  # a sequence shard: rotate by the tokens' global positions
+            cos, sin = cos[self.positions], sin[self.positions]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = self.core(q, k, v).transpose(1, 2).reshape(b, t, -1)  # [B, T, h*d]
         return self.o(y)
 

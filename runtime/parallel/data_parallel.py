@@ -1,5 +1,8 @@
-"""Data parallelism and ZeRO over the plan's dp axis, all on torch-native parts (FSDP2), so that every
-checkpoint goes through DCP's get_state_dict / set_state_dict and reshards into any layout.
+"""Data parallelism and ZeRO over the ranks that hold the same parameters -- the plan's dp axis, flattened
+with its cp axis under context parallelism (runtime/mesh.py, torchtitan's dp_shard_cp: CP ranks hold the
+same weights and see other tokens, so their gradients are averaged like replicas') -- all on torch-native
+parts (FSDP2), so that every checkpoint goes through DCP's get_state_dict / set_state_dict and reshards
+into any layout.
 
 * ZeRO 0: ``replicate`` (torch's FSDP2-based DDP, torch.distributed._composable.replicate_with_fsdp).
   Why not classic ``DistributedDataParallel``: it does not accept DTensor (TP) parameters.
@@ -38,7 +41,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, 
 
 
 def apply_data_parallel(model: nn.Module, dp_mesh, zero_stage: int, offload: bool) -> nn.Module:
-    """Wrap one stage model for its dp group in place (no-op for dp = 1 without offload)."""
+    """Wrap one stage model for its dp (x cp) group in place (no-op for a group of one without offload)."""
     if dp_mesh.size() == 1 and not offload:
         return model
     if zero_stage == 0:

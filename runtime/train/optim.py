@@ -55,7 +55,7 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stage_ranks: int
     dp x tp mesh (FSDP / replicate), some plain tensors (norms without SP), and each pipeline rank holds
     different parameters; torch's clip_grad_norm_ cannot combine norms of different meshes and does not
     know about pp. So each rank sums its shares of the squares (``_local_sum_squares``), one all-reduce
-    over the world adds them up. ``stage_ranks`` = tp * dp, the ranks that hold one pipeline stage.
+    over the world adds them up. ``stage_ranks`` = tp * cp * dp, the ranks that hold one pipeline stage.
     ``excluded`` holds ids of parameters that are copies counted elsewhere (the tied head on the last
     stage, whose twin is the first stage's embedding, as Megatron does).
     """

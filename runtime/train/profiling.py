@@ -89,7 +89,8 @@ class StepTracer:
         self.profiler.stop()
         events = json.loads(self.raw_path.read_text())["traceEvents"] if self.raw_path.exists() else []
         phases = rank_phases(events, self.zero_stage)
-        phases.update(rank=self.rank, pp_rank=pm.pp_rank, dp_rank=pm.dp_rank, tp_rank=pm.tp_rank)
+        phases.update(rank=self.rank, pp_rank=pm.pp_rank, dp_rank=pm.dp_rank, cp_rank=pm.cp_rank,
+                      tp_rank=pm.tp_rank)
         write_atomic(self.dir / f"rank{self.rank}.json", json.dumps(merged_trace([phases], meta)))
         everyone = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(phases, everyone, dst=0)

@@ -301,7 +301,8 @@ def merged_trace(ranks: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str,
     summary: dict[str, Any] = {}
     for r in ranks:
         pid = r["rank"]
-        events += process_metadata(pid, f"rank {pid} (pp {r['pp_rank']}, dp {r['dp_rank']}, tp {r['tp_rank']}), "
+        events += process_metadata(pid, f"rank {pid} (pp {r['pp_rank']}, dp {r['dp_rank']}, cp {r.get('cp_rank', 0)}, "
+                                        f"tp {r['tp_rank']}), "
                                         "measured", {SCHEDULE_THREAD: "schedule", SPLIT_THREAD: "time split"})
         for start, end, name, args in r["schedule"]:
             events.append(slice_event(name, pid, SCHEDULE_THREAD, start, end,
@@ -310,7 +311,8 @@ def merged_trace(ranks: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str,
             events.append(slice_event(SLICE_NAMES[term], pid, SPLIT_THREAD, start, end, term))
         n = len(r["steps"]) or 1
         summary[str(pid)] = {
-            "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "tp_rank": r["tp_rank"], "mode": r["mode"],
+            "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "cp_rank": r.get("cp_rank", 0), "tp_rank": r["tp_rank"],
+            "mode": r["mode"],
             "step_time_s": sum(s["duration_s"] for s in r["steps"]) / n,
             "terms_s": {t: sum(s["terms_s"][t] for s in r["steps"]) / n for t in TERMS},
             "steps": r["steps"],

@@ -38,4 +38,4 @@ def config(**changes) -> Config:
 
 
 def workload_of(model, cluster, training):
-    return lambda b, t, sp: analytic_workload(model, cluster, training, b, t, sp)
+    return lambda b, t, sp, cp=1: analytic_workload(model, cluster, training, b, t, sp, cp)

@@ -143,8 +143,8 @@ def meaningless_training(t, out: list[str], where: str = "training") -> None:
 def meaningless_plan(p, out: list[str]) -> None:
     for name in ("tp", "pp", "dp", "virtual_stages", "micro_batch_size", "num_microbatches"):
         _size(out, name, getattr(p, name), MAX["devices"] if name in ("tp", "pp", "dp") else MAX["batch"])
-    if p.tp * p.pp * p.dp != p.cluster.num_devices:
-        out.append("tp * pp * dp != the cluster's devices")
+    if p.tp * p.cp * p.pp * p.dp != p.cluster.num_devices:
+        out.append("tp * cp * pp * dp != the cluster's devices")
     if p.micro_batch_size * p.num_microbatches * p.dp != p.training.global_batch_size:
         out.append("the micro-batches do not make the global batch")
     if not p.stages or p.stages[-1].layers[1] != p.model.num_layers:

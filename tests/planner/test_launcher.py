@@ -104,7 +104,7 @@ def test_bad_options_and_paths_are_one_line_before_any_process(plans, capsys, tm
         (["--checkpoint-dir", tmp_path / "missing", "--resume"], "no complete checkpoint"),
         (["--resume"], "--resume: needs --checkpoint-dir"),
         (["--checkpoint-every", "5"], "needs --checkpoint-dir"),
-        (["--nproc", "3"], "--nproc 3: the plan needs tp * pp * dp = 2"),
+        (["--nproc", "3"], "--nproc 3: the plan needs tp * cp * pp * dp = 2"),
     ]
     for extra, needle in cases:
         code, _, err = run(capsys, "run", plans["one"], "--print-command", *extra)

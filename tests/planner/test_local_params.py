@@ -38,8 +38,8 @@ def test_memory_model_counts_the_parameters_the_runtime_holds(name, cluster_name
     training = TrainingSetup(global_batch_size=max(pp, 2) * dp, seq_len=model.seq_len, precision="fp32")
     lay = layout(tp, pp, dp, zero, model.num_layers)
 
-    def workload(b, t, sp):
-        return analytic_workload(model, cluster, training, b, t, sp)
+    def workload(b, t, sp, cp=1):
+        return analytic_workload(model, cluster, training, b, t, sp, cp)
 
     predicted, _, _ = estimate_layout(workload, cluster, training, lay)
     predicted = with_local_params(predicted, model, lay, training)

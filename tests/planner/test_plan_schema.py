@@ -31,7 +31,7 @@ def test_round_trip_is_exact(plan_file, tmp_path):
      "stages[1].layers"),
     (lambda p: dataclasses.replace(p, stages=(dataclasses.replace(p.stages[0], full_recompute=(99,)), *p.stages[1:])),
      "stages[0].full_recompute"),
-    (lambda p: dataclasses.replace(p, dp=3), "tp * pp * dp"),
+    (lambda p: dataclasses.replace(p, dp=3), "tp * cp * pp * dp"),
 ])
 def test_invalid_plans_are_refused(plan_file, tmp_path, edit, fragment):
     plan = load_plan(plan_file)

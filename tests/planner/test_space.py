@@ -54,15 +54,19 @@ def test_sizes_no_cluster_has_are_refused_naming_the_field(field, value):
 
 
 def test_the_largest_accepted_sizes_enumerate_few_groups():
-    """At every limit at once, the groups (tp, pp, dp, sp, micro-batch) stay in the thousands: each is a
+    """At every limit at once, the groups (tp, cp, pp, dp, sp, micro-batch) stay in the thousands: each is a
     product of divisor counts, never of the sizes themselves."""
     model, cluster, training = sizes(num_nodes=MAX_DEVICES // 8, global_batch_size=MAX_GLOBAL_BATCH,
                                      seq_len=MAX_SEQ_LEN)
     model = dataclasses.replace(model, num_layers=MAX_LAYERS)
     check_size(model, cluster, training)
     found = list(groups(model, cluster, training, Pins()))
+    without_cp = list(groups(model, cluster, training, Pins(cp=1)))
     configurations = sum(len(a) * len(b) for a, b in (group_choices(g, cluster, Pins(), MAX_LAYERS) for g in found))
-    assert 100 < len(found) < 2000 and configurations < 50_000
+    # cp adds one loop over 6 powers of two up to SearchLimits.max_cp (32); each cp > 1 leaves fewer
+    # replicas, hence a larger per-replica batch with more micro-batch sizes: still under 10 x
+    assert 100 < len(without_cp) < 2000 and len(without_cp) < len(found) < 10 * len(without_cp)
+    assert configurations < 10 * 50_000
 
 
 def test_pins_and_flags_derive_from_the_parallel_dimensions():

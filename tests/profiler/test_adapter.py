@@ -95,9 +95,11 @@ def test_planner_search_accepts_a_profile(gpt_profile):
 
     spec, cluster = load_model("gpt-tiny"), load_cluster("cpu-local")
     training = TrainingSetup(global_batch_size=8, seq_len=64, precision="fp32")
-    ours = search(spec, profile_workload_fn(gpt_profile, cluster, training), cluster, training, Pins(micro_batch_size=2))
-    ref = search(spec, lambda b, tp, sp: analytic_workload(spec, cluster, training, b, tp, sp), cluster, training,
-                 Pins(micro_batch_size=2))
+    # cp 1: a profile plans no context parallelism (it does not record the ring's K/V width)
+    ours = search(spec, profile_workload_fn(gpt_profile, cluster, training), cluster, training,
+                  Pins(micro_batch_size=2, cp=1))
+    ref = search(spec, lambda b, tp, sp, cp=1: analytic_workload(spec, cluster, training, b, tp, sp, cp), cluster, training,
+                 Pins(micro_batch_size=2, cp=1))
     assert ours.status == ref.status == "OPTIMAL"
     # times differ (traced bytes vs the analytic kernel model), the winning layout on this toy should not
     assert (ours.best.config.tp, ours.best.config.pp, ours.best.config.dp) == (ref.best.config.tp, ref.best.config.pp,

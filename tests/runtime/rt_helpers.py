@@ -12,12 +12,13 @@ def even_sizes(num_layers: int, num_stages: int) -> list[int]:
     return [base + (i < extra) for i in range(num_stages)]
 
 
-def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *, schedule: str = "1f1b",
+def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *, cp: int = 1,
+              schedule: str = "1f1b",
               virtual_stages: int = 1, stage_sizes: list[int] | None = None, full: tuple[int, ...] = (),
               selective: tuple[int, ...] = (), zero: int = 0, sp: bool = False, offload: bool = False,
               micro_batch_size: int = 2, num_microbatches: int | None = None, seq_len: int = 32,
               seed: int = 0, dropout: float | None = None, **training) -> Plan:
-    """A validated Plan for cpu-local with tp*pp*dp devices, fp32 (exact comparisons need fp32)."""
+    """A validated Plan for cpu-local with tp*cp*pp*dp devices, fp32 (exact comparisons need fp32)."""
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     if dropout is not None:
         spec = dataclasses.replace(spec, dropout=dropout)
@@ -33,10 +34,10 @@ def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, d
                             full_recompute=tuple(k for k in full if k in layers),
                             selective_recompute=tuple(k for k in selective if k in layers)))
         start += n
-    cluster = dataclasses.replace(load_cluster("cpu-local"), devices_per_node=tp * pp * dp)
+    cluster = dataclasses.replace(load_cluster("cpu-local"), devices_per_node=tp * cp * pp * dp)
     train = TrainingSetup(global_batch_size=micro_batch_size * n_mb * dp, seq_len=seq_len, precision="fp32",
                           seed=seed, **({"warmup_steps": 2, "learning_rate": 1e-2} | training))
-    plan = Plan(tp=tp, pp=pp, dp=dp, sequence_parallel=sp, zero_stage=zero, offload_optimizer=offload,
+    plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero_stage=zero, offload_optimizer=offload,
                 schedule=schedule, virtual_stages=virtual_stages, micro_batch_size=micro_batch_size,
                 num_microbatches=n_mb, stages=tuple(stages), model=spec, cluster=cluster, training=train)
     check_fits(plan.layout(), spec, train, cluster.num_devices)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from autoplan.schema import Plan, load_plan
 from rt_cases import CASES, RESUME, RESUME_AT, RESUME_STEPS, STEPS
 from rt_helpers import make_plan
-from runtime.mesh import build_mesh
+from runtime.mesh import mesh_of_plan
 from runtime.train.data import TokenSource
 from runtime.trainer import RunOptions, Trainer, run
 
@@ -74,13 +74,13 @@ def run_plan(plan: Plan, steps: int) -> dict:
             first_log = list(log)
     per_rank = [None] * dist.get_world_size()
     pm = trainer.pm
-    dist.all_gather_object(per_rank, (pm.pp_rank, pm.dp_rank, pm.tp_rank, as_actions(first_log)))
-    orders = {str(p): acts for p, d, t, acts in per_rank if d == 0 and t == 0 and acts}
+    dist.all_gather_object(per_rank, (pm.pp_rank, (pm.dp_rank, pm.cp_rank, pm.tp_rank), as_actions(first_log)))
+    orders = {str(p): acts for p, others, acts in per_rank if others == (0, 0, 0) and acts}
     return {"losses": losses, "grad_norms": norms, "orders": orders}
 
 
 def fresh_trainer(plan: Plan) -> Trainer:
-    pm = build_mesh(plan.pp, plan.dp, plan.tp, torch.device("cpu"), plan.model.tie_embeddings and plan.num_stages > 1)
+    pm = mesh_of_plan(plan, torch.device("cpu"))
     return Trainer(plan, pm, TokenSource(plan.model.vocab_size, plan.training.seq_len, plan.training.seed))
 
 
