@@ -48,6 +48,28 @@ def test_bnb_and_bruteforce_agree_on_20_random_problems():
     assert agreed >= 15 and infeasible >= 1
 
 
+def test_bnb_and_bruteforce_agree_with_context_parallelism():
+    """cp in the space: flash-attention problems on even device counts, cp pinned to 2 (the random sizes are
+    too small for the ring to win unpinned) and left free; both solvers return the same K best."""
+    rng = random.Random(SEED + 1)
+    pinned = 0
+    for i in range(8):
+        model, cluster, training, pins = random_problem(rng)
+        training = dataclasses.replace(training, attention="flash")
+        if cluster.num_devices % 2:
+            continue
+        for cp in (2, None):
+            p = dataclasses.replace(pins, cp=cp)
+            workload = workload_of(model, cluster, training)
+            fast = search(model, workload, cluster, training, p, solver="bnb", top_k=3)
+            slow = search(model, workload, cluster, training, p, solver="bruteforce", top_k=3)
+            assert [c.step_ns for c in fast.ranked] == [c.step_ns for c in slow.ranked], (i, cp)
+            if cp == 2 and fast.best is not None:
+                assert {c.config.cp for c in fast.ranked} == {2}
+                pinned += 1
+    assert pinned >= 3
+
+
 @pytest.mark.slow
 def test_bnb_and_bruteforce_agree_on_200_random_problems():
     agreed, infeasible = agree_on(200)

@@ -28,6 +28,10 @@ CASES: dict[int, dict[str, dict]] = {
         "tp2_sp_dropout": dict(tp=2, sp=True, dropout=0.1),
         "pp2_1f1b_dropout_full_recompute": dict(pp=2, schedule="1f1b", num_microbatches=4, dropout=0.1, full=(1, 6)),
         "dp2_zero2_dropout": dict(dp=2, zero=2, dropout=0.1, micro_batch_size=1, num_microbatches=2),
+        # context parallelism: ring attention over the head-tail split (32 tokens in 4 chunks of 8), learned
+        # positions (gpt) and rotary angles (llama) at each token's global position
+        "gpt_cp2": dict(cp=2),
+        "llama_cp2": dict(model="llama-tiny", cp=2, learning_rate=1e-3),
     },
     4: {
         "tp4": dict(tp=4),
@@ -49,6 +53,11 @@ CASES: dict[int, dict[str, dict]] = {
                                                    learning_rate=1e-3),
         "gpt_tp2_sp_pp2_interleaved_tied": dict(tp=2, pp=2, sp=True, schedule="interleaved", virtual_stages=2,
                                                 num_microbatches=2),
+        # cp x tp (a CP group at stride tp), cp x dp with ZeRO-3 (FSDP2 over the flattened dp x cp mesh),
+        # cp x pp (the pipeline carries s / cp tokens per micro-batch)
+        "gpt_cp2_tp2_sp": dict(cp=2, tp=2, sp=True),
+        "llama_cp2_dp2_zero3": dict(model="llama-tiny", cp=2, dp=2, zero=3, micro_batch_size=1, learning_rate=1e-3),
+        "gpt_cp2_pp2_1f1b": dict(cp=2, pp=2, schedule="1f1b", num_microbatches=2),
     },
     8: {
         "tp8": dict(tp=8),

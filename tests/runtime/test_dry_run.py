@@ -27,6 +27,8 @@ LAYOUTS = [
     dict(model="llama-tiny", tp=2, pp=2, dp=2, zero=3, schedule="interleaved", virtual_stages=2),
     dict(model="llama-tiny", pp=3, dp=2, zero=3, schedule="gpipe", stage_sizes=[2, 3, 3], full=(0, 1)),
     dict(model="llama-tiny", tp=4, pp=2, zero=0, schedule="1f1b", num_microbatches=2),
+    dict(cp=2, dp=3, zero=3),  # ZeRO-3 over the 6 dp x cp ranks: 256 / 6 rows, padded
+    dict(model="llama-tiny", tp=2, pp=2, cp=2, zero=3, schedule="1f1b"),
 ]
 
 
