@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from torch.distributed.tensor.experimental._context_parallel._attention import (
     _cp_options, _templated_ring_attention, _templated_ring_attention_backward,
 )
 
 SEQ_DIM = 2  # q, k, v are [B, heads, T, head_dim]
+RING_LABEL = "autoplan:ring_attention"  # runtime/train/trace_phases.py's RING
 aten = torch.ops.aten
 
 
@@ -143,7 +145,8 @@ class RingAttention(torch.autograd.Function):
             raise RuntimeError("torch's context-parallel load balancing is off (_cp_options.enable_load_balance); "
                                "the runtime shards sequences head-tail and needs it on")
         kernel = _kernel_for(q)
-        out, lse, *rest = _templated_ring_attention(group, SEQ_DIM, kernel.forward, q, k, v, is_causal=True)
+        with record_function(RING_LABEL):  # --trace: its collectives are cp_comm (runtime/train/trace_phases.py)
+            out, lse, *rest = _templated_ring_attention(group, SEQ_DIM, kernel.forward, q, k, v, is_causal=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.kernel, ctx.rest = group, kernel, rest
         return out
@@ -152,9 +155,10 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         kernel = ctx.kernel
-        dq, dk, dv, *_ = _templated_ring_attention_backward(
-            ctx.group, SEQ_DIM, kernel.backward, grad_out.contiguous(), kernel.grad_out_name, q, k, v, out, lse,
-            is_causal=True, **kernel.backward_kwargs(ctx.rest))
+        with record_function(RING_LABEL):
+            dq, dk, dv, *_ = _templated_ring_attention_backward(
+                ctx.group, SEQ_DIM, kernel.backward, grad_out.contiguous(), kernel.grad_out_name, q, k, v, out, lse,
+                is_causal=True, **kernel.backward_kwargs(ctx.rest))
         return dq, dk, dv, None
 
 

@@ -5,7 +5,8 @@ Chrome trace events (no torch): unit-tested on hand-made traces.
 Labels (``runtime/train/profiling.py`` sets them with ``torch.profiler.record_function``):
 ``autoplan:step N`` around each optimizer step, ``autoplan:forward S M`` / ``autoplan:backward S M`` /
 ``autoplan:backward_weight S M`` around one stage's compute of one micro-batch, ``autoplan:loss``, and
-``autoplan:recomputable`` around the forward of a block (or attention core) that recomputes in backward.
+``autoplan:recomputable`` around the forward of a block (or attention core) that recomputes in backward,
+``autoplan:ring_attention`` around context parallelism's ring (runtime/parallel/context_parallel.py).
 torch's own labels used as context: ``FSDP::...`` (FSDP2 / replicate: unshard and all-gather, gradient
 reduction) and ``Optimizer.step#...`` / ``Optimizer.zero_grad#...``. torch 2.13's ``ScheduleGPipe``
 (``Forward i``) and ``_PipelineScheduleRuntime`` (``PP:0F0``) labels enclose the wait for the peer's
@@ -15,7 +16,8 @@ How a moment of a step is classified, from the stack of events open on the train
 context wins):
 * inside a communication op (``c10d::*``, ``_c10d_functional::*``, NCCL kernels): ``pp_comm`` for
   send/recv, otherwise by context: FSDP gather -> ``zero3_gather`` (ZeRO-3) or ``dp_comm``; FSDP
-  reduction or optimizer (ZeRO-1 broadcasts) -> ``dp_comm``; forward/backward -> ``tp_comm``; none -> ``other``;
+  reduction or optimizer (ZeRO-1 broadcasts) -> ``dp_comm``; inside the ring attention -> ``cp_comm``;
+  forward/backward -> ``tp_comm``; none -> ``other``;
 * else by context: a recomputable forward inside a backward -> ``recompute``; forward, backward, loss ->
   ``compute``; FSDP -> as above; optimizer -> ``optimizer``;
 * else ``other`` inside any op (data, loss and norm reductions, ...), ``bubble`` when no op runs: the rank
@@ -43,11 +45,13 @@ from autoplan.schema.trace import (
 STEP, FORWARD, BACKWARD, BACKWARD_WEIGHT, LOSS, RECOMPUTABLE = (
     "autoplan:step", "autoplan:forward", "autoplan:backward", "autoplan:backward_weight", "autoplan:loss",
     "autoplan:recomputable")
+RING = "autoplan:ring_attention"
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 SHORT_PAUSE_US = 20.0
 """Longer than the interpreter takes between two ops of one loop (a few us on a loaded 2-core machine),
 shorter than any wait for a peer (a gloo round trip is ~100 us)."""
-_DEVICE_PRIORITY = ("recompute", "compute", "optimizer", "other", "tp_comm", "zero3_gather", "dp_comm", "pp_comm")
+_DEVICE_PRIORITY = ("recompute", "compute", "optimizer", "other", "tp_comm", "cp_comm", "zero3_gather", "dp_comm",
+                    "pp_comm")
 _COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
 _GATHER_WORDS = ("all_gather", "pre_forward", "pre_backward", "post_forward", "unshard", "prefetch")
 
@@ -63,9 +67,10 @@ class Span:
     """The profiler's External id: links a GPU kernel to the op that launched it."""
     ctx: str | None = None
     comm: str | None = None
+    ring: bool = False
 
     def __post_init__(self) -> None:  # classified once: a trace has tens of thousands of events
-        self.ctx, self.comm = _context(self.name), _comm(self)
+        self.ctx, self.comm, self.ring = _context(self.name), _comm(self), self.name.startswith(RING)
 
 
 def spans_of(events: list[dict]) -> list[Span]:
@@ -117,6 +122,8 @@ def term_of(stack: list[Span] | tuple[Span, ...], zero_stage: int) -> str:
     gather = "zero3_gather" if zero_stage == 3 else "dp_comm"
     if comm == "p2p":
         return "pp_comm"
+    if comm == "collective" and any(s.ring for s in stack):
+        return "cp_comm"
     if comm == "collective":
         return {"gather": gather, "reduce": "dp_comm", "opt": "dp_comm", None: "other"}.get(ctx, "tp_comm")
     by_context = {"F": "compute", "B": "compute", "recompute": "recompute", "gather": gather, "reduce": "dp_comm",

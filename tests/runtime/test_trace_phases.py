@@ -46,7 +46,7 @@ def test_host_split_is_exact():
     phases = rank_phases(events, zero_stage=0)
     assert [s["step"] for s in phases["steps"]] == [4, 5]
     expected = {"compute": 460, "recompute": 90, "tp_comm": 50, "pp_comm": 50, "bubble": 210, "optimizer": 100,
-                "other": 40, "zero3_gather": 0, "dp_comm": 0}
+                "other": 40, "zero3_gather": 0, "dp_comm": 0, "cp_comm": 0}
     for step in phases["steps"]:
         assert step["duration_s"] == pytest.approx(1e-3)
         assert {k: round(v * 1e6, 6) for k, v in step["terms_s"].items()} == expected
@@ -68,6 +68,27 @@ def test_fsdp_and_zero1_contexts():
                                                                   "optimizer": 200}
     terms = rank_phases(events, zero_stage=2)["steps"][0]["terms_s"]  # ZeRO-2's all-gather is DP work
     assert round(terms["dp_comm"] * 1e6) == 300 and terms["zero3_gather"] == 0
+
+
+def test_ring_attention_collectives_are_cp_comm():
+    """Context parallelism: inside the ring label its all-gather and permutes are cp comm, its kernels compute;
+    in a recomputed forward inside backward the kernels stay recompute."""
+    events = [
+        label("autoplan:step 1", 0, 1000),
+        label("autoplan:forward 0 0", 0, 400),
+        op("aten::linear", 0, 100),                                                          # compute 100
+        label("autoplan:ring_attention", 100, 300), op("c10d::allgather_", 100, 60),          # cp 60
+        op("aten::_scaled_dot_product_flash_attention_for_cpu", 160, 240),                   # compute 240
+        label("autoplan:backward 0 0", 400, 600),
+        label("autoplan:recomputable", 400, 200), label("autoplan:ring_attention", 400, 200),
+        op("c10d::allgather_", 400, 50), op("aten::mul", 450, 150),                          # cp 50, recompute 150
+        op("_c10d_functional::all_reduce", 600, 100),                                        # tp 100
+        label("autoplan:ring_attention", 700, 300), op("c10d::alltoall_base_", 700, 40),      # cp 40
+        op("aten::add", 740, 260),                                                           # compute 260
+    ]
+    terms = rank_phases(events, zero_stage=0)["steps"][0]["terms_s"]
+    assert {k: round(v * 1e6) for k, v in terms.items() if v} == {"compute": 600, "cp_comm": 150, "recompute": 150,
+                                                                  "tp_comm": 100}
 
 
 def test_device_split_counts_kernels_and_hides_overlapped_communication():
