@@ -65,6 +65,13 @@ class RingExchange:
     merge_fwd_kernels: int
     merge_bwd_kernels: int
 
+    @property
+    def transient_bytes(self) -> float:
+        """Working memory while the ring runs (freed after the block's attention): the gathered K/V of the
+        whole sequence (cp x kv_bytes, the all-gather's output) and, in backward, the dK/dV accumulator in
+        flight beside the one being added to (2 x grad_kv_bytes)."""
+        return self.cp * self.kv_bytes + 2 * self.grad_kv_bytes
+
 
 def ring_exchange(cp: int, q_elements: float, kv_elements: float, e: int) -> RingExchange:
     """The ring of one block: ``q_elements`` query (and output) elements on this rank, ``kv_elements``

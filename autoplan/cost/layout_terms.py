@@ -73,7 +73,7 @@ class LayoutTerms:
                 state_const=(t.embedding_state_bytes if first else 0) + (t.head_state_bytes if has_last else 0),
                 act_const=tuple((t.embedding_act_bytes if s == 0 else 0) + (t.head_act_bytes if s == last else 0)
                                 for s in stages),
-                fixed=t.zero3_buffer_bytes + (t.logits_transient_bytes if has_last else 0),
+                fixed=t.zero3_buffer_bytes + max(t.ring_transient_bytes, t.logits_transient_bytes if has_last else 0),
                 sync_const=((t.sync_embedding_ns if first else 0) + (t.sync_head_ns if has_last else 0)
                             + t.sync_latency_ns) if dp > 1 else 0,
                 sync_per_layer=t.sync_block_ns if dp > 1 else 0,

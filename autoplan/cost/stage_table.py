@@ -75,6 +75,8 @@ class StageTable:
     optim_embedding_ns: int
     optim_head_ns: int
     overlap_grad_reduce: bool
+    ring_transient_bytes: int = 0
+    """Context parallelism: one block's ring attention buffers (gathered K/V, dK/dV in flight)."""
 
     @property
     def num_stages(self) -> int:
@@ -178,6 +180,7 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
         head_act_bytes=int(math.ceil(workload.head.saved_bytes)),
         logits_transient_bytes=int(math.ceil(workload.logits_transient_bytes)),
         zero3_buffer_bytes=z3_buffer, capacity_bytes=int(capacity),
+        ring_transient_bytes=int(math.ceil(workload.ring_transient_bytes)),
         sync_block_ns=sync_ns(block.params), sync_embedding_ns=sync_ns(workload.embedding.params),
         sync_head_ns=sync_ns(head_params), sync_latency_ns=_ns(collective_latency_s(sync_kind, dp_link)),
         gather_block_ns=gather_ns(block.params), gather_embedding_ns=gather_ns(workload.embedding.params),

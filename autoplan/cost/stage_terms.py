@@ -83,9 +83,10 @@ def stage_activations(t: StageTable, s: int) -> Linear:
 
 @_per_table
 def rank_fixed_dynamic(t: StageTable, rank: int) -> int:
-    """Working memory that does not depend on the layout: ZeRO-3 buffers, the loss's logits."""
+    """Working memory that does not depend on the layout: ZeRO-3 buffers, and the larger of the loss's
+    logits and a block's ring attention buffers (never live at once: the loss runs after the last block)."""
     last = t.num_stages - 1 in t.stages_of(rank)
-    return t.zero3_buffer_bytes + (t.logits_transient_bytes if last else 0)
+    return t.zero3_buffer_bytes + max(t.ring_transient_bytes, t.logits_transient_bytes if last else 0)
 
 
 @_per_table

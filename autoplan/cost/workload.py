@@ -40,6 +40,8 @@ class Workload:
     """Peak working memory of the loss on the last stage (logits and their gradient)."""
     cp: int = 1
     """Context-parallel ranks: each layer's costs are those of one rank holding s / cp of every sequence."""
+    ring_transient_bytes: float = 0.0
+    """Working memory of one block's ring attention (cost/context_parallel.py), on every rank; 0 without cp."""
 
 
 def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_layers: int, micro_batch_size: int,
@@ -52,7 +54,8 @@ def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_
     return Workload(micro_batch_size=micro_batch_size, seq_len=training.seq_len, tp=tp, sequence_parallel=sp,
                     num_layers=num_layers, embedding=cost(embedding), block=cost(block), head=cost(head),
                     tied_copy_params=tied_copy_params, output_bytes=output_bytes,
-                    logits_transient_bytes=logits_transient_bytes, cp=cp)
+                    logits_transient_bytes=logits_transient_bytes, cp=cp,
+                    ring_transient_bytes=block.ring.transient_bytes if block.ring is not None else 0.0)
 
 
 def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetup, micro_batch_size: int,

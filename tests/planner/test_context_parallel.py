@@ -62,6 +62,24 @@ def test_ring_kv_exchange_matches_the_hand_formula(setup, tp, cp, crosses_nodes)
     assert ring_exposed_s(ops.ring, t.attention_fwd_s, t.attention_bwd_s, link) == (cost.cp_fwd_s, cost.cp_bwd_s)
 
 
+def test_ring_working_memory_counts_on_every_rank(setup):
+    """The gathered K/V of the whole sequence and two fp32 dK/dV accumulators, beside the ZeRO-3 buffers;
+    the loss's logits on the last rank are not live at the same time (the larger of the two counts)."""
+    from autoplan.cost.stage_table import build_table
+    from autoplan.cost.stage_terms import rank_fixed_dynamic
+    from autoplan.cost.workload import analytic_workload
+    from tests.planner.random_problems import config
+
+    model, cluster, training = setup
+    w = analytic_workload(model, cluster, training, 1, 2, True, 8)
+    kv_bytes = 2 * (S / 8) * model.kv_size / 2 * E
+    assert w.ring_transient_bytes == 8 * kv_bytes + 2 * 2 * kv_bytes  # 268 MB + 134 MB
+    table = build_table(w, cluster, training, config(tp=2, pp=2, dp=1, cp=8, sequence_parallel=True,
+                                                      num_microbatches=8))
+    assert rank_fixed_dynamic(table, 0) == table.ring_transient_bytes > 0
+    assert rank_fixed_dynamic(table, 1) == max(table.ring_transient_bytes, table.logits_transient_bytes)
+
+
 def test_cp_divides_tokens_activations_and_attention_work_not_parameters(setup):
     """The load-balanced causal split gives each rank 1/cp of every token-linear quantity and exactly
     1/cp of the causal attention pairs (2 c^2 per ring step, cp steps, c = s / 2cp)."""
