@@ -78,7 +78,7 @@ def dry_run(plan_path: str, plan: Plan, asked: list[int] | None, as_json: bool) 
         print(json.dumps(rows))
     else:
         print(f"dry run of {plan_path}: {plan.model.name}, {layout_label(plan)} "
-              f"{plan.schedule} on {plan.world_size} ranks (meta device, fake process group)\n")
+              f"on {plan.world_size} ranks (meta device, fake process group)\n")
         print(table(rows))
         if not plan.predicted or not plan.predicted.local_params_per_rank:
             print("\nthe plan carries no predicted.local_params_per_rank (written by an older autoplan); re-plan to compare")
