@@ -107,6 +107,8 @@ def features(plan: Plan) -> set[str]:
         f.add("tied_tp_pp" + ("_sp" if plan.sequence_parallel else ""))
     if plan.sequence_parallel:
         f.add("sp")
+    if plan.cp > 1:
+        f.add("cp")
     if plan.offload_optimizer:
         f.add("offload")
     if len({s.num_layers for s in plan.stages}) > 1:
