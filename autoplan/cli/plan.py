@@ -73,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
     if pins.tp is not None and pins.tp not in allowed:
         raise SpecError(f"--tp: {pins.tp} must divide the devices per node ({cluster.devices_per_node}) and the "
                         f"model's heads, KV heads, FFN width and vocabulary; use one of {allowed}")
+    if pins.sequence_parallel and max(allowed if pins.tp is None else [pins.tp]) <= 1:
+        raise SpecError("--sequence-parallel: needs tp > 1 (it splits norms and dropout within the TP group), "
+                        f"and {'--tp 1 is pinned' if pins.tp == 1 else 'no tp > 1 fits this model and cluster'};"
+                        " pin --tp 2 or more, or drop --sequence-parallel")
+    if pins.offload_optimizer and (pins.zero_stage == 0 or cluster.device.kind != "gpu"):
+        raise SpecError("--offload: needs ZeRO stage >= 1 on a GPU cluster"
+                        f"{' (--zero-stage 0 is pinned)' if pins.zero_stage == 0 else ''}; "
+                        "pin --zero-stage 1 or more on a GPU cluster, or drop --offload")
     make = lambda m, c, t: workload_fn(m, c, t, args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)

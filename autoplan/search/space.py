@@ -191,8 +191,11 @@ def configs(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
 
 
 def _bools(pin: bool | None, allowed: bool) -> list[bool]:
+    """The values a boolean dimension takes: True only where it is ``allowed`` (sequence parallelism needs
+    tp > 1, offload needs ZeRO >= 1 on a GPU), also when pinned: a pinned True leaves the configurations
+    where it cannot apply out instead of writing it into them."""
     if pin is not None:
-        return [pin]
+        return [pin] if allowed or not pin else []
     return [False, True] if allowed else [False]
 
 
