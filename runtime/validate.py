@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from autoplan.errors import SpecError
 from autoplan.schema import Plan, check_fits
+from autoplan.schema.training import require_runnable_precision
 
 
 def check_plan(plan: Plan, world_size: int, device_type: str, local_world_size: int) -> None:
     if plan.world_size != world_size:
         raise SpecError(f"tp * pp * dp = {plan.tp} * {plan.pp} * {plan.dp} = {plan.world_size} but torchrun started "
                         f"{world_size} processes; launch with --nproc_per_node {plan.world_size} (or re-plan)")
+    require_runnable_precision(plan.training)
     check_fits(plan.layout(), plan.model, plan.training, None)
     if plan.training.seq_len < 1 or plan.micro_batch_size < 1:
         raise SpecError("training.seq_len / micro_batch_size: must be at least 1")
