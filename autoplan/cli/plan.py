@@ -77,10 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--sequence-parallel: needs tp > 1 (it splits norms and dropout within the TP group), "
                         f"and {'--tp 1 is pinned' if pins.tp == 1 else 'no tp > 1 fits this model and cluster'};"
                         " pin --tp 2 or more, or drop --sequence-parallel")
-    if pins.offload_optimizer and (pins.zero_stage == 0 or cluster.device.kind != "gpu"):
-        raise SpecError("--offload: needs ZeRO stage >= 1 on a GPU cluster"
-                        f"{' (--zero-stage 0 is pinned)' if pins.zero_stage == 0 else ''}; "
-                        "pin --zero-stage 1 or more on a GPU cluster, or drop --offload")
+    if pins.offload_optimizer and pins.zero_stage == 0:
+        raise SpecError("--offload: needs ZeRO stage >= 1 (it offloads the sharded optimizer state) and "
+                        "--zero-stage 0 is pinned; pin --zero-stage 1 or more, or drop --offload")
     make = lambda m, c, t: workload_fn(m, c, t, args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)

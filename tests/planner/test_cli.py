@@ -69,7 +69,8 @@ def test_pinned_sequence_parallel_with_tp_open_plans_tp_above_1(capsys):
     (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--tp", "3"], "--tp: 3 must divide"),
     (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--sequence-parallel", "--tp", "1"],
      "--sequence-parallel: needs tp > 1"),
-    (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--offload"], "--offload: needs ZeRO"),
+    (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--offload", "--zero-stage", "0"],
+     "--offload: needs ZeRO stage >= 1"),
 ])
 def test_bad_input_gives_one_line_and_status_2(argv, fragment, capsys):
     code, out, err = run(capsys, *argv)
