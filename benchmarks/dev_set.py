@@ -1,9 +1,12 @@
 """Predicted vs published throughput on the dev set (benchmarks/data/dev_runs.yaml).
 
-For each run, ``autoplan plan`` is run with the published TP, PP, DP, ZeRO stage, sequence parallelism
-and recomputation pinned and everything else searched among what Megatron-LM could run (micro-batch size;
-1F1B, or interleaved with layers divisible into pp x v equal chunks; equal stages); the prediction is compared as the source counts it (Narayanan: TFLOP/s with recomputation,
-i.e. hardware_tflops_per_gpu; Korthikanti: MFU). Prints a table and the largest relative error.
+For each run, ``autoplan plan`` is run with the published TP, PP, DP, ZeRO stage, sequence parallelism,
+recomputation, micro-batch size and interleaving pinned (Narayanan's from the paper's launch script, see
+dev_runs.yaml) and the DP all-reduce overlapped or not as the run's DDP implementation does; what a run
+does not publish is searched among what Megatron-LM could run (micro-batch size; 1F1B, or interleaved
+with layers divisible into pp x v equal chunks; equal stages). The prediction is compared as the source
+counts it (Narayanan: TFLOP/s with recomputation, i.e. hardware_tflops_per_gpu; Korthikanti: MFU).
+Prints a table and the largest relative error.
 
     python benchmarks/dev_set.py
 """
@@ -32,7 +35,7 @@ def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
                       num_kv_heads=run["heads"], vocab_size=run["vocab_size"], seq_len=run["seq_len"], dropout=0.1)
     cluster = dataclasses.replace(load_cluster(cluster_name), num_nodes=run["gpus"] // 8)
     training = TrainingSetup(global_batch_size=run["global_batch_size"], seq_len=run["seq_len"], precision="fp16",
-                             attention="standard", overlap_grad_reduce=False,
+                             attention="standard", overlap_grad_reduce=overlaps_grad_reduce(run),
                              grad_accumulation_fusion=False)
     pins = Pins(tp=run["tp"], pp=run["pp"], dp=run["dp"], zero_stage=run["zero_stage"],
                 sequence_parallel=run["sp"], recompute=run["recompute"], offload_optimizer=False)
@@ -52,6 +55,12 @@ def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
     if best is None:
         return None, result
     return plan_of(model, cluster, training, best.best, solver_info(best, "bnb")), best
+
+
+def overlaps_grad_reduce(run: dict) -> bool:
+    """torch DDP (``--DDP-impl torch``) all-reduces buckets during the backward of the last micro-batch
+    (Megatron runs the others under ``no_sync``); Megatron's ``local`` DDP all-reduces after the backward."""
+    return run["ddp_impl"] == "torch"
 
 
 # Megatron-LM gives every pipeline stage the same number of layers: no uneven splits

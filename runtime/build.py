@@ -68,7 +68,7 @@ def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool
     """One stage of the plan for this rank: meta build, TP, CP, recomputation, DP/ZeRO, then real memory."""
     stage, last = plan.stages[stage_id], plan.num_stages - 1
     model = build_stage_model(plan.model, plan.training.seq_len, range(*stage.layers), stage_id == 0,
-                              stage_id == last, device="meta")
+                              stage_id == last, device="meta", vocab_rows=plan.padded_vocab_size)
     if plan.tp > 1:
         apply_tp(model, pm.tp_mesh, plan.sequence_parallel, loss_parallel)
     if positions is not None:

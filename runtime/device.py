@@ -81,7 +81,11 @@ class MemoryMeter:
 
 
 def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
-    """bf16/fp16 autocast on GPU when the plan asks for it; CPU runs fp32 (plans for cpu-local use fp32)."""
+    """bf16/fp16 autocast on GPU when the plan asks for it; CPU runs fp32 (plans for cpu-local use fp32).
+    Any other precision (fp8 is planner-only) is an error, never a silent fp16: runtime/validate.py refuses
+    such plans before this is reached."""
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"precision {precision!r}: the runtime executes fp32, bf16 and fp16 only")
     if device.type != "cuda" or precision == "fp32":
         return None
     return torch.bfloat16 if precision == "bf16" else torch.float16

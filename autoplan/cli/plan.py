@@ -82,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
             "model spec or config.json")
         if refusal:
             raise SpecError(f"--cp: {refusal}")
+    if pins.sequence_parallel and max(allowed if pins.tp is None else [pins.tp]) <= 1:
+        raise SpecError("--sequence-parallel: needs tp > 1 (it splits norms and dropout within the TP group), "
+                        f"and {'--tp 1 is pinned' if pins.tp == 1 else 'no tp > 1 fits this model and cluster'};"
+                        " pin --tp 2 or more, or drop --sequence-parallel")
+    if pins.offload_optimizer and pins.zero_stage == 0:
+        raise SpecError("--offload: needs ZeRO stage >= 1 (it offloads the sharded optimizer state) and "
+                        "--zero-stage 0 is pinned; pin --zero-stage 1 or more, or drop --offload")
     make = lambda m, c, t: workload_fn(m, c, t, args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)

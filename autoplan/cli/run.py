@@ -77,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
         from autoplan.cli.dry_run import dry_run
         from autoplan.schema import load_plan
 
-        return dry_run(args.plan, load_plan(args.plan), args.rank, args.json)
+        from autoplan.schema.training import require_runnable_precision
+
+        plan = load_plan(args.plan)
+        require_runnable_precision(plan.training)
+        return dry_run(args.plan, plan, args.rank, args.json)
     if args.rank or args.json:
         raise SpecError(f"{'--rank' if args.rank else '--json'}: only with --dry-run")
     try:

@@ -11,7 +11,9 @@ Under ZeRO 0-2 a device holds its TP-local tensors whole for forward and backwar
 resharding after forward), which is the count the ZeRO-1/2 memory model assumes.
 
 The shapes restate runtime/models (gpt.py, llama.py); tests/runtime compare this count with the
-built modules. GPT's learned position table has ``training.seq_len`` rows, the length the runtime builds.
+built modules. GPT's learned position table has ``training.seq_len`` rows, the length the runtime builds;
+the embedding and head have ``model.padded_vocab_size(tp)`` rows (Megatron's padding, the plan's
+``padded_vocab_size``), which the runtime builds too (runtime/models/common.py: padded logits masked).
 """
 
 from __future__ import annotations
@@ -45,17 +47,17 @@ def block_tensors(model: ModelSpec) -> list[ParamTensor]:
     return norms + attn + mlp
 
 
-def embedding_tensors(model: ModelSpec, seq_len: int) -> list[ParamTensor]:
-    tok = [ParamTensor((model.vocab_size, model.hidden_size), 0)]
+def embedding_tensors(model: ModelSpec, seq_len: int, tp: int = 1) -> list[ParamTensor]:
+    tok = [ParamTensor((model.padded_vocab_size(tp), model.hidden_size), 0)]
     return tok + ([ParamTensor((seq_len, model.hidden_size), None)] if model.architecture == "gpt" else [])
 
 
-def head_tensors(model: ModelSpec, separate_copy: bool) -> list[ParamTensor]:
+def head_tensors(model: ModelSpec, separate_copy: bool, tp: int = 1) -> list[ParamTensor]:
     """Final norm and output projection; a tied projection is the embedding's unless the last stage is
     on another pipeline rank, which then keeps its own copy."""
     h = model.hidden_size
     norm = [ParamTensor((h,), None)] * (2 if model.architecture == "gpt" else 1)
-    projection = [ParamTensor((model.vocab_size, h), 0)]
+    projection = [ParamTensor((model.padded_vocab_size(tp), h), 0)]
     return norm + (projection if separate_copy or not model.tie_embeddings else [])
 
 
@@ -77,8 +79,8 @@ def local_params_per_rank(model: ModelSpec, layout: Layout, training: TrainingSe
         for stage in layout.stages[rank::layout.pp]:
             tensors += block_tensors(model) * stage.num_layers
             if stage.index == 0:
-                tensors += embedding_tensors(model, training.seq_len)
+                tensors += embedding_tensors(model, training.seq_len, layout.tp)
             if stage.index == last:
-                tensors += head_tensors(model, separate_copy=layout.pp > 1)
+                tensors += head_tensors(model, separate_copy=layout.pp > 1, tp=layout.tp)
         counts.append(sum(local_numel(t, layout.tp, layout.dp_cp, layout.zero_stage) for t in tensors))
     return tuple(counts)

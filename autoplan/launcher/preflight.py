@@ -224,8 +224,10 @@ def runtime_args(args: argparse.Namespace, data: str | None) -> tuple[str, ...]:
 
 def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
     from autoplan.schema import load_plan
+    from autoplan.schema.training import require_runnable_precision
 
     plan = load_plan(args.plan)
+    require_runnable_precision(plan.training)
     check_numbers(args)
     data = data_path(args.data, plan)
     if args.metrics is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from autoplan.errors import SpecError
 from autoplan.schema._io import require, require_range
 from autoplan.schema.hardware import Precision
 from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_LEARNING_RATE, MAX_SEED, MAX_SEQ_LEN, MAX_STEPS
@@ -79,3 +80,18 @@ class TrainingSetup:
     def activation_precision(self) -> Precision:
         """The dtype of activations, communication and every non-GEMM kernel (fp8 keeps those in bf16)."""
         return "bf16" if self.precision == "fp8" else self.precision
+
+
+RUNTIME_PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "fp16")
+"""The precisions ``runtime/`` executes. fp8 is planner-only: the runtime has no fp8 linear layers (no
+Transformer Engine / torchao float8 in its models), so running an fp8 plan would silently train in another
+dtype than the one predicted."""
+
+
+def require_runnable_precision(training: TrainingSetup) -> None:
+    """The one-line refusal ``autoplan run`` (launcher preflight) and every rank (runtime/validate.py) give
+    for a plan whose precision the runtime cannot execute."""
+    if training.precision not in RUNTIME_PRECISIONS:
+        raise SpecError(f"training.precision: {training.precision} plans are planner-only (the runtime has no "
+                        f"{training.precision} linear layers); re-plan with --precision bf16 (or one of "
+                        f"{', '.join(RUNTIME_PRECISIONS)}) to run it")

@@ -195,7 +195,9 @@ def group_choices(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
                   limits: SearchLimits = SearchLimits()) -> tuple[list[tuple[int, bool]], list[tuple[str, int]]]:
     """The group's (ZeRO stage, offload) pairs and (schedule, virtual stages) pairs: its configurations
     are every combination of one of each."""
-    gpu = cluster.device.kind == "gpu"  # on a CPU the host is the device: nothing to offload to
+    # on a CPU the host is the device: nothing to gain by offloading, so it is searched on GPUs only; a
+    # pinned offload on a CPU cluster is kept (it runs FSDP2's CPU-offload path, as the runtime tests do)
+    gpu = cluster.device.kind == "gpu" or pins.offload_optimizer is True
     states = [(zero, offload) for zero in _zero_stages(pins.zero_stage, group.dp_cp)
               for offload in _bools(pins.offload_optimizer, allowed=zero >= 1 and gpu)]
     return states, list(_schedules(pins, group.pp, group.num_microbatches, num_layers, limits))
@@ -220,8 +222,11 @@ def configs(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
 
 
 def _bools(pin: bool | None, allowed: bool) -> list[bool]:
+    """The values a boolean dimension takes: True only where it is ``allowed`` (sequence parallelism needs
+    tp > 1, offload needs ZeRO >= 1), also when pinned: a pinned True leaves the configurations
+    where it cannot apply out instead of writing it into them."""
     if pin is not None:
-        return [pin]
+        return [pin] if allowed or not pin else []
     return [False, True] if allowed else [False]
 
 

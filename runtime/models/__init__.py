@@ -43,12 +43,13 @@ def build_model(spec: ModelSpec, device: str | torch.device = "cpu", seq_len: in
 
 
 def build_stage_model(spec: ModelSpec, seq_len: int, layers, first: bool, last: bool,
-                      device: str | torch.device = "meta") -> nn.Module:
+                      device: str | torch.device = "meta", vocab_rows: int | None = None) -> nn.Module:
     """One pipeline stage (blocks ``layers``; the embedding if ``first``; norm and head if ``last``),
-    uninitialised: on ``meta`` by default, so a rank of a 70B plan allocates nothing before sharding."""
+    uninitialised: on ``meta`` by default, so a rank of a 70B plan allocates nothing before sharding.
+    ``vocab_rows``: the padded vocabulary (a plan's ``padded_vocab_size``); default unpadded."""
     cls = {"gpt": GPT, "llama": Llama}[spec.architecture]
     with torch.device(device):
-        return cls(spec, seq_len, layers, first, last)
+        return cls(spec, seq_len, layers, first, last, vocab_rows)
 
 
 __all__ = ["GPT", "Llama", "build_model", "build_stage_model"]

@@ -50,12 +50,28 @@ class AttentionCore(nn.Module):
 
 
 class Skeleton(nn.Module):
-    """embed -> blocks -> norm -> head, skipping whichever is None (pipeline stages)."""
+    """embed -> blocks -> norm -> head, skipping whichever is None (pipeline stages).
+
+    Vocabulary padding (Megatron's ``--make-vocab-size-divisible-by``, the plan's ``padded_vocab_size``):
+    the embedding and head have ``vocab_rows >= vocab_size`` rows so that TP splits them evenly. The
+    padded rows are never looked up (token ids < vocab_size), start at zero (init.py), and their logits
+    are set to -inf here, so softmax gives them probability 0 and gradient 0: loss, gradients and the
+    real rows' values are the unpadded serial model's, at any padding.
+    """
 
     embed: nn.Module | None
     blocks: nn.ModuleDict
     norm: nn.Module | None
     head: nn.Module | None
+    vocab_size: int
+    vocab_rows: int
+
+    def set_vocab(self, spec, vocab_rows: int | None) -> int:
+        rows = spec.vocab_size if vocab_rows is None else vocab_rows
+        if rows < spec.vocab_size:
+            raise ValueError(f"vocab_rows {rows} < vocab_size {spec.vocab_size}")
+        self.vocab_size, self.vocab_rows = spec.vocab_size, rows
+        return rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # first stage: x = tokens [B, T]; later stages: x = hidden [B, T, H]
@@ -66,7 +82,26 @@ class Skeleton(nn.Module):
             h = self.norm(h)
         if self.head is not None:
             h = self.head(h)  # logits [B, T, V]
+            if self.vocab_rows > self.vocab_size:
+                h = mask_padded_logits(h, self.vocab_size)
         return h
+
+
+def mask_padded_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits [B, T, V_padded] with the padded columns (index >= vocab_size) at -inf. Vocab-sharded
+    logits (a DTensor under ``loss_parallel``) get a mask with the same placements, so each rank masks
+    its own columns without communication."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from torch.distributed.tensor import Replicate, Shard
+
+    padded = torch.arange(logits.shape[-1], device=logits.device) >= vocab_size  # [V_padded], broadcast
+    if isinstance(logits, DTensor):  # the [V] mask sharded like the logits' last dim, replicated elsewhere
+        last = logits.ndim - 1
+        placements = [Shard(0) if isinstance(p, Shard) and p.dim % logits.ndim == last else Replicate()
+                      for p in logits.placements]
+        padded = distribute_tensor(padded, logits.device_mesh, placements, src_data_rank=None)
+    return logits.masked_fill(padded, float("-inf"))
 
 
 def stage_layers(num_layers: int, layers: Iterable[int] | None) -> list[int]:

@@ -14,9 +14,9 @@ from runtime.models.dropout import LayoutFreeDropout, assign_sites
 class Embedding(nn.Module):
     """tokens [B, T] -> token + learned position embedding [B, T, H]."""
 
-    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+    def __init__(self, spec: ModelSpec, seq_len: int, vocab_rows: int) -> None:
         super().__init__()
-        self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.tok = nn.Embedding(vocab_rows, spec.hidden_size)
         self.pos = nn.Embedding(seq_len, spec.hidden_size)
         self.drop = LayoutFreeDropout(spec.dropout)
         self.positions: torch.Tensor | None = None
@@ -76,14 +76,17 @@ class Block(nn.Module):
 class GPT(Skeleton):
     """The whole model, or one pipeline stage of it: ``layers`` (global block indices), with the
     embedding when ``first`` and the final norm and head when ``last``. Parameters are left as the
-    constructors made them; ``runtime.models.init`` gives them their values."""
+    constructors made them; ``runtime.models.init`` gives them their values. ``vocab_rows`` (default
+    ``spec.vocab_size``) is the padded vocabulary the embedding and head are built with (Skeleton)."""
 
-    def __init__(self, spec: ModelSpec, seq_len: int, layers=None, first: bool = True, last: bool = True) -> None:
+    def __init__(self, spec: ModelSpec, seq_len: int, layers=None, first: bool = True, last: bool = True,
+                 vocab_rows: int | None = None) -> None:
         super().__init__()
-        self.embed = Embedding(spec, seq_len) if first else None
+        rows = self.set_vocab(spec, vocab_rows)
+        self.embed = Embedding(spec, seq_len, rows) if first else None
         self.blocks = nn.ModuleDict({str(i): Block(spec) for i in stage_layers(spec.num_layers, layers)})
         self.norm = nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps) if last else None
-        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
+        self.head = nn.Linear(spec.hidden_size, rows, bias=False) if last else None
         if spec.tie_embeddings and first and last:
             self.head.weight = self.embed.tok.weight
         assign_sites(self)

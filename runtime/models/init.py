@@ -43,8 +43,17 @@ def canonical_name(name: str, spec: ModelSpec) -> str:
     return name
 
 
+VOCAB_TENSORS = ("embed.tok.weight", "head.weight")
+"""Parameters with one row per vocabulary entry, padded to the plan's ``padded_vocab_size``."""
+
+
 def initial_value(name: str, shape: tuple[int, ...], spec: ModelSpec, seed: int, device: torch.device) -> torch.Tensor:
-    """The full (unsharded) fp32 initial value of the parameter ``name``."""
+    """The full (unsharded) fp32 initial value of the parameter ``name``. A vocabulary tensor padded past
+    ``spec.vocab_size`` rows draws its real rows exactly as the unpadded one does (a generator fills a
+    tensor in an order that depends on its size, so the draw is at the unpadded shape) and zeros below."""
+    if name in VOCAB_TENSORS and len(shape) == 2 and shape[0] > spec.vocab_size:
+        real = initial_value(name, (spec.vocab_size, *shape[1:]), spec, seed, device)
+        return torch.cat([real, real.new_zeros((shape[0] - spec.vocab_size, *shape[1:]))])
     if len(shape) == 1:
         fill = 1.0 if "norm" in name and name.endswith("weight") else 0.0
         return torch.full(shape, fill, device=device)

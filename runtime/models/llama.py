@@ -12,9 +12,9 @@ from runtime.models.dropout import LayoutFreeDropout, assign_sites
 
 
 class Embedding(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, vocab_rows: int) -> None:
         super().__init__()
-        self.tok = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.tok = nn.Embedding(vocab_rows, spec.hidden_size)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok(tokens)  # [B, T] -> [B, T, H]
@@ -106,12 +106,14 @@ class Block(nn.Module):
 class Llama(Skeleton):
     """The whole model or one pipeline stage of it (see GPT)."""
 
-    def __init__(self, spec: ModelSpec, seq_len: int, layers=None, first: bool = True, last: bool = True) -> None:
+    def __init__(self, spec: ModelSpec, seq_len: int, layers=None, first: bool = True, last: bool = True,
+                 vocab_rows: int | None = None) -> None:
         super().__init__()
-        self.embed = Embedding(spec) if first else None
+        rows = self.set_vocab(spec, vocab_rows)
+        self.embed = Embedding(spec, rows) if first else None
         self.blocks = nn.ModuleDict({str(i): Block(spec, seq_len) for i in stage_layers(spec.num_layers, layers)})
         self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps) if last else None
-        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
+        self.head = nn.Linear(spec.hidden_size, rows, bias=False) if last else None
         if spec.tie_embeddings and first and last:
             self.head.weight = self.embed.tok.weight
         assign_sites(self)

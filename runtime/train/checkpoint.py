@@ -9,6 +9,12 @@ replicate) or plain tensors, which DCP reshards on load: a checkpoint loads into
 A tied embedding is stored once, as ``embed.tok.weight``; a last stage on another pipeline rank, whose
 head holds a copy, saves nothing for it and loads the copy (and its optimizer state) from that name.
 
+Padded vocabulary (the plan's ``padded_vocab_size`` depends on tp): saved padded, as the layout holds
+it; loaded into another padded size by reading the stored tensor whole (every rank, a plain tensor DCP
+fills from the shards), keeping its ``vocab_size`` real rows, zero padding rows, and taking this
+rank's shard. Only vocabulary tensors (embedding, head and their optimizer state) are resized; the
+transient is one full stored tensor per rank (llama3-70b's padded embedding: 4.0 GiB in fp32).
+
 Layout: ``DIR/step_N/`` holds DCP's files, ``rng_rank{r}.pt`` per rank and ``COMPLETE``. A save writes
 into ``DIR/step_N.tmp/``; after every rank has finished (barrier) rank 0 writes COMPLETE and renames the
 folder to ``step_N``, so a crash mid-save leaves only a ``.tmp`` folder that resume ignores. COMPLETE
@@ -25,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
     set_optimizer_state_dict,
@@ -36,6 +43,7 @@ from runtime.train.manifest import read_manifest
 from runtime.train.optim import Optimizers
 
 TIED, TIED_COPY = "embed.tok.weight", "head.weight"
+VOCAB_TENSORS = (TIED, TIED_COPY)
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -107,10 +115,48 @@ def latest(directory: str) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
+def _is_vocab_key(key: str) -> bool:
+    """A model key ``embed.tok.weight`` / ``head.weight`` or a flattened optimizer key of one of them."""
+    return key in VOCAB_TENSORS or any(key.startswith(f"state.{name}.") for name in VOCAB_TENSORS)
+
+
+def _resized_reads(path: Path, state: dict) -> list[tuple[str, str, torch.Tensor, torch.Tensor]]:
+    """Swap each vocabulary tensor saved at another padded size for a full plain tensor of the stored
+    shape (which DCP can fill); returns (group, key, the state's tensor, the stand-in)."""
+    stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    swaps = []
+    for group, entries in state.items():
+        for key, value in entries.items():
+            meta = stored.get(f"{group}.{key}")
+            size = getattr(meta, "size", None)
+            if (isinstance(value, torch.Tensor) and size is not None and _is_vocab_key(key)
+                    and value.dim() == 2 and tuple(size) != tuple(value.shape)):
+                stand_in = torch.empty(tuple(size), dtype=value.dtype)
+                swaps.append((group, key, value, stand_in))
+                entries[key] = stand_in
+    return swaps
+
+
+@torch.no_grad()
+def _copy_rows(target: torch.Tensor, stored: torch.Tensor, vocab_size: int) -> None:
+    """``target`` (this layout's padded tensor, maybe a DTensor) := stored's real rows, zero padding."""
+    full = torch.zeros(tuple(target.shape), dtype=target.dtype)
+    full[:vocab_size] = stored[:vocab_size]
+    if isinstance(target, DTensor):
+        local = distribute_tensor(full.to(target.device), target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(local.to_local())
+    else:
+        target.copy_(full.to(target.device))
+
+
 def load(path: Path, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec) -> int:
     """Restore in place, from a checkpoint of any layout; returns the number of optimizer steps taken."""
     state = _state(models, optimizer, spec)
+    swaps = _resized_reads(path, state)
     dcp.load(state, checkpoint_id=str(path))  # fills the tensors of ``state`` in place
+    for group, key, target, stored in swaps:
+        _copy_rows(target, stored, spec.vocab_size)
+        state[group][key] = target
     for model, opt in zip(models, optimizer.optimizers):
         msd, osd = state["model"], state["optim"]
         if _holds_tied_copy(model, spec):

@@ -48,6 +48,16 @@ def test_pins_are_respected(capsys):
     assert (data["tp"], data["pp"], data["dp"], data["schedule"], data["zero_stage"]) == (2, 2, 4, "1f1b", 1)
 
 
+def test_pinned_sequence_parallel_with_tp_open_plans_tp_above_1(capsys):
+    """Sequence parallelism splits within the TP group: pinned with tp open, the plan has tp > 1 (it used to
+    be written into a tp-1 plan, where it means nothing)."""
+    code, out, _ = run(capsys, "plan", "gpt-tiny", "--cluster", "cpu-local", "--devices-per-node", "4",
+                       "--global-batch-size", "16", "--seq-len", "64", "--sequence-parallel", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["sequence_parallel"] is True and data["tp"] > 1
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["plan", "no-such-model", "--cluster", "cpu-local", "--global-batch-size", "8"], "no-such-model: no such file"),
     (["plan", "gpt-tiny", "--cluster", "nowhere.yaml", "--global-batch-size", "8"], "nowhere.yaml: no such file"),
@@ -57,6 +67,10 @@ def test_pins_are_respected(capsys):
      "smallest change that fits: --nodes"),
     (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "0"], "--global-batch-size: must be at least 1"),
     (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--tp", "3"], "--tp: 3 must divide"),
+    (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--sequence-parallel", "--tp", "1"],
+     "--sequence-parallel: needs tp > 1"),
+    (["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--offload", "--zero-stage", "0"],
+     "--offload: needs ZeRO stage >= 1"),
 ])
 def test_bad_input_gives_one_line_and_status_2(argv, fragment, capsys):
     code, out, err = run(capsys, *argv)

@@ -172,3 +172,25 @@ def test_supervisor_forwards_a_signal_and_kills_what_is_left(tmp_path):
     assert result["signal"] == 15 and result["status"] == 128 + 15 and result["s"] < 10
     for pid in map(int, (tmp_path / "pids").read_text().split()):
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+
+
+def test_an_fp8_plan_is_planner_only(plans, tmp_path, capsys):
+    """fp8 plans predict; the runtime has no fp8 linear layers, so `autoplan run` (and its dry run) refuse one
+    in one line naming the field and the fix, before any process starts; every rank's check does too."""
+    from autoplan.errors import SpecError
+    from autoplan.schema import load_plan
+    from runtime.device import autocast_dtype
+    from runtime.validate import check_plan
+
+    path = tmp_path / "fp8.yaml"  # the fp8 field as an fp8 plan has it (planning one needs an fp8 GPU's profile)
+    text = plans["one"].read_text()
+    assert text.count("precision: fp32") == 1
+    path.write_text(text.replace("precision: fp32", "precision: fp8"))
+    for extra in ([], ["--dry-run"], ["--print-command"]):
+        code, _, err = run(capsys, "run", path, "--backend", "gloo", *extra)
+        one_line_error(code, err, "training.precision: fp8", "--precision bf16")
+    plan = load_plan(path)
+    with pytest.raises(SpecError, match="training.precision: fp8"):
+        check_plan(plan, plan.world_size, "cpu", 1)
+    with pytest.raises(ValueError, match="fp8"):  # never a silent fp16 autocast
+        autocast_dtype(__import__("torch").device("cuda"), "fp8")

@@ -81,3 +81,13 @@ def test_pins_and_flags_derive_from_the_parallel_dimensions():
     add_layout_arguments(estimate, required=True)
     needed = {a.dest for a in estimate._actions if a.required}
     assert needed == {f.name for f in parallel_dimensions() if f.metadata["estimate_needs"]}
+
+
+def test_a_pinned_true_applies_only_where_it_can():
+    """Sequence parallelism pinned with tp open: groups with tp 1 are left out, not given sp (a pinned
+    False is allowed everywhere)."""
+    model, cluster = load_model("gpt-tiny"), dataclasses.replace(load_cluster("cpu-local"), devices_per_node=4)
+    training = TrainingSetup(global_batch_size=16, seq_len=64)
+    pinned = list(groups(model, cluster, training, Pins(sequence_parallel=True)))
+    assert pinned and all(g.tp > 1 and g.sequence_parallel for g in pinned)
+    assert {g.tp for g in groups(model, cluster, training, Pins(sequence_parallel=False))} >= {1, 2}

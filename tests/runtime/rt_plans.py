@@ -31,7 +31,7 @@ TP_SIZES = {"gpt-tiny": (1, 2, 4, 8), "llama-tiny": (1, 2, 4)}  # llama-tiny has
 LEARNING_RATE = {"gpt-tiny": 1e-2, "llama-tiny": 1e-3}
 
 
-def planner_plan(path: Path, model: str, world: int, pins: dict) -> Plan | None:
+def planner_plan(path: Path, model: str, world: int, pins: dict, learning_rate: float | None = None) -> Plan | None:
     """Run ``autoplan plan`` with ``pins`` (CLI flags without dashes) and return the plan it wrote, or
     None when the planner refuses the pins (exit status 2)."""
     argv = ["plan", model, "--cluster", "cpu-local", "--devices-per-node", str(world),
@@ -47,7 +47,7 @@ def planner_plan(path: Path, model: str, world: int, pins: dict) -> Plan | None:
         if autoplan_main(argv) != 0:
             return None
     plan = load_plan(path)
-    lr = LEARNING_RATE[plan.model.name]
+    lr = learning_rate if learning_rate is not None else LEARNING_RATE[plan.model.name]
     plan = dataclasses.replace(plan, training=dataclasses.replace(plan.training, learning_rate=lr, warmup_steps=2))
     path.write_text(dump_plan(plan))
     return plan
@@ -71,8 +71,8 @@ def random_pins(rng: random.Random, model: str, world: int) -> dict:
     if zero is not None:
         pins["zero-stage"] = zero
     sp = choose([None, True, False])
-    # a --sequence-parallel pin with tp left open makes the planner write tp1 + sp, a plan its own loader
-    # refuses (search/space.py _bools lets a pin override "allowed"); pinned only with a pinned tp > 1
+    # pinned only with a pinned tp > 1: a pin with tp open used to give tp1 + sp plans (search/space.py
+    # _bools, fixed: now tp > 1 is chosen, test_cli.py); kept so the drawn plans stay the same set
     if sp is not None and (sp is False or pins.get("tp", 1) > 1):
         pins["sequence-parallel"] = sp
     if zero and rng.random() < 0.25:

@@ -5,6 +5,7 @@ shards -- and the layers the plan gave its stages."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from autoplan.cli.dry_run import ranks_of
 from autoplan.cost.local_params import local_params_per_rank
-from autoplan.schema import dump_plan, load_plan
+from autoplan.schema import dump_plan, load_model, load_plan
 from rt_helpers import make_plan
 from rt_launcher import ROOT
 from rt_plans import planner_plan
@@ -29,10 +30,17 @@ LAYOUTS = [
     dict(model="llama-tiny", tp=4, pp=2, zero=0, schedule="1f1b", num_microbatches=2),
     dict(cp=2, dp=3, zero=3),  # ZeRO-3 over the 6 dp x cp ranks: 256 / 6 rows, padded
     dict(model="llama-tiny", tp=2, pp=2, cp=2, zero=3, schedule="1f1b"),
+    # a 300-token vocabulary padded to 512 rows at tp2 (128 x tp), then cut in uneven ZeRO-3 chunks
+    dict(model=dataclasses.replace(load_model("gpt-tiny"), name="gpt-tiny-v300", vocab_size=300), tp=2, pp=2,
+         dp=3, zero=3, schedule="1f1b"),
 ]
 
 
-@pytest.mark.parametrize("kw", LAYOUTS, ids=lambda kw: "-".join(f"{k}{v}" for k, v in kw.items()))
+def layout_id(kw: dict) -> str:
+    return "-".join(f"{k}{getattr(v, 'name', v)}" for k, v in kw.items())
+
+
+@pytest.mark.parametrize("kw", LAYOUTS, ids=layout_id)
 def test_built_rank_holds_the_counted_parameters(kw):
     from runtime.dry_run import dry_run
 

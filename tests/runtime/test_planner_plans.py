@@ -14,6 +14,7 @@ one 2-rank launch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import tempfile
@@ -21,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from autoplan.schema import dump_plan, load_plan
+from autoplan.schema import dump_plan, load_model, load_plan
+from autoplan.schema._io import dump_yaml
 from autoplan.schema.schedule import build_schedule
 from rt_helpers import make_plan, serial_run
 from rt_launcher import job_results
-from rt_plans import COUNTS, FAST_COUNT, REQUIRED, REQUIRED_FEATURES, STEPS, draw_plans, features
+from rt_plans import COUNTS, FAST_COUNT, REQUIRED, REQUIRED_FEATURES, STEPS, draw_plans, features, planner_plan
 
 FOLDER = Path(tempfile.mkdtemp(prefix="autoplan-planner-plans-"))
 
@@ -62,16 +64,54 @@ def check(path: Path, got: dict) -> dict:
     return {"plan": path.name, "loss": loss_diff, "norm": norm_diff, "features": sorted(features(plan))}
 
 
+def gpt2_vocab_plan(world: int, pins: dict) -> Path:
+    """``autoplan plan`` of a gpt-tiny-like spec with GPT-2's 50,257-token vocabulary, which no tp > 1
+    divides: the plan pads it (Megatron: to a multiple of 128 x tp) and the runtime builds the padded
+    embedding and head, their padded logits masked, so the run must equal the unpadded serial model's."""
+    spec = FOLDER / "gpt-tiny-v50257.yaml"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(dump_yaml(dataclasses.replace(load_model("gpt-tiny"), name="gpt-tiny-v50257",
+                                                        vocab_size=50257)))
+    path = FOLDER / f"v50257_w{world}_{'_'.join(f'{k}{v}' for k, v in pins.items())}.yaml"
+    plan = planner_plan(path, str(spec), world, pins, learning_rate=1e-2)
+    assert plan is not None and plan.tp == pins["tp"]
+    assert plan.model.vocab_size == 50257 and plan.padded_vocab_size == 50257 + (-50257) % (128 * plan.tp)
+    return path
+
+
+VOCAB_FAST = {"tp": 2}  # 2 ranks, one stage: the vocabulary-sharded logits go into loss_parallel
+VOCAB_SLOW = ({"tp": 2, "pp": 2}, {"tp": 2, "dp": 2})  # 4 ranks: pipeline (plain logits), and DP
+
+
 def test_fast_planner_plans_and_dropout_tp2_match_serial():
     dropout_plan = FOLDER / "dropout_tp2.yaml"
     dropout_plan.parent.mkdir(parents=True, exist_ok=True)
     dropout_plan.write_text(dump_plan(make_plan(tp=2, dropout=0.1)))
-    got = results(2, FAST_COUNT, (("dropout_tp2", str(dropout_plan)),))
+    vocab_plan = gpt2_vocab_plan(2, VOCAB_FAST)
+    got = results(2, FAST_COUNT, (("dropout_tp2", str(dropout_plan)), ("vocab_tp2", str(vocab_plan))))
     for path in plans(2, FAST_COUNT):
         check(path, got[path.name])
     # dropout 0.1 with tp2: masks seeded by element position, so the same as serial (same seed)
     figures = check(dropout_plan, got["dropout_tp2"])
     print(f"dropout 0.1 tp2: max rel diff loss {figures['loss']:.2e}, grad norm {figures['norm']:.2e}")
+    figures = check(vocab_plan, got["vocab_tp2"])
+    print(f"vocab 50257 padded to {load_plan(vocab_plan).padded_vocab_size}, tp2: max rel diff loss "
+          f"{figures['loss']:.2e}, grad norm {figures['norm']:.2e}")
+
+
+def slow_results(world: int) -> dict:
+    """The world's slow launch; world 4 also runs the padded-vocabulary plans (no extra launch)."""
+    extra = tuple((p.name, str(p)) for p in (gpt2_vocab_plan(4, pins) for pins in VOCAB_SLOW)) if world == 4 else ()
+    return results(world, COUNTS[world], extra)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pins", VOCAB_SLOW, ids=lambda pins: "_".join(f"{k}{v}" for k, v in pins.items()))
+def test_gpt2_vocabulary_planned_with_tp2_on_4_ranks_matches_serial(pins):
+    path = gpt2_vocab_plan(4, pins)
+    figures = check(path, slow_results(4)[path.name])
+    print(f"vocab 50257 padded to {load_plan(path).padded_vocab_size}, {pins}, 4 ranks: max rel diff loss "
+          f"{figures['loss']:.2e}, grad norm {figures['norm']:.2e}")
 
 
 SLOW = [pytest.param(world, i, id=f"w{world}-{i:02d}") for world, n in COUNTS.items() for i in range(n)]
@@ -81,7 +121,7 @@ SLOW = [pytest.param(world, i, id=f"w{world}-{i:02d}") for world, n in COUNTS.it
 @pytest.mark.parametrize(("world", "index"), SLOW)
 def test_planner_plan_matches_serial(world, index):
     path = plans(world, COUNTS[world])[index]
-    figures = check(path, results(world, COUNTS[world])[path.name])
+    figures = check(path, slow_results(world)[path.name])
     summary = FOLDER / "summary.jsonl"
     with summary.open("a") as f:
         f.write(json.dumps(figures) + "\n")
