@@ -18,14 +18,50 @@ The embedding gathers its rows (and adds the learned positions for gpt); the hea
 and runs the cross-entropy over the padded vocabulary (read the logits, write the fp32 log-softmax, read it
 back for the loss). Vocabulary-parallel cross-entropy all-reduces three per-token values (max, sum of
 exponentials, target logit; Megatron's ``_VocabParallelCrossEntropy``).
+
+Host work (``HostOps``, priced only where the device has host fields, i.e. on a CPU): the eager ops of
+the runtime's reference layers (runtime/models/gpt.py, llama.py) as ``TorchDispatchMode`` counts them,
+per forward and backward of one micro-batch, in ``HOST_OP_COUNTS``; they do not depend on the shapes.
+tests/planner/test_host_ops.py recounts them on the runtime's layers. Dropout > 0 adds mask ops and runs
+the attention core once per (row, head) (runtime/models/dropout.py): not counted here, so the host time
+of a model with dropout is underestimated. TP-parallelised modules per layer: q, k, v, o and the MLP's
+matrices of a block, the vocabulary-parallel embedding, the head.
 """
 
 from __future__ import annotations
 
 from autoplan.cost import activations as act
 from autoplan.cost.activations import SavedBytes
-from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps, Message
+from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message
 from autoplan.schema import ModelSpec
+
+# (forward compute ops, forward views, backward compute ops, backward views) per layer and architecture,
+# dropout 0, counted by autoplan.profiler.hardware.op_count on the runtime's layers (the head includes the
+# loss: log-softmax and NLL; a tied head adds its gradient into the embedding's)
+HOST_OP_COUNTS: dict[tuple[str, str], tuple[int, int, int, int]] = {
+    ("gpt", "embedding"): (4, 0, 4, 3),
+    ("gpt", "block"): (5, 27, 14, 68),
+    ("gpt", "head"): (4, 5, 6, 10),
+    ("llama", "embedding"): (1, 0, 2, 1),
+    ("llama", "block"): (39, 34, 61, 71),
+    ("llama", "head"): (9, 6, 18, 13),
+}
+
+
+def host_ops(model: ModelSpec, layer: str) -> HostOps:
+    """The host-op counts, parallelised modules and parameter tensors of one layer of ``model``."""
+    fwd_ops, fwd_views, bwd_ops, bwd_views = HOST_OP_COUNTS[(model.architecture, layer)]
+    gpt = model.architecture == "gpt"
+    if layer == "block":
+        linears = 4 + model.mlp_matrices
+        tensors = 2 * linears + 4 if gpt else linears + 2  # gpt: weights and biases, two LayerNorms (w, b)
+        tp_tensors = 2 * linears if gpt else linears
+        return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, linears, tensors, tp_tensors)
+    if layer == "embedding":
+        return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, 1, 2 if gpt else 1, 1)
+    norm = 2 if gpt else 1
+    projection = 0 if model.tie_embeddings else 1
+    return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, 1, norm + projection, projection)
 
 
 def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str) -> LayerOps:
@@ -50,7 +86,8 @@ def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, atten
     core = AttentionCore(b, model.num_attention_heads / tp, s, model.head_dim, model.dropout > 0)
     return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
                     elementwise_bytes=elementwise, elementwise_kernels=kernels,
-                    saved=act.block_saved_bytes(model, b, s, tp, sp, e, attention), tp_fwd=fwd, tp_bwd=bwd)
+                    saved=act.block_saved_bytes(model, b, s, tp, sp, e, attention), tp_fwd=fwd, tp_bwd=bwd,
+                    host=host_ops(model, "block"))
 
 
 def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
@@ -84,7 +121,7 @@ def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -
     bwd = (Message("all_gather", hidden),) if sp else ()
     return LayerOps(params=vocab * model.hidden_size / tp + pos, gemms=(), attention=None,
                     elementwise_bytes=moved, elementwise_kernels=2, saved=SavedBytes(saved, saved, saved),
-                    tp_fwd=fwd, tp_bwd=bwd)
+                    tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "embedding"))
 
 
 def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> LayerOps:
@@ -103,4 +140,4 @@ def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> Lay
     bwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
     return LayerOps(params=norm_params + projection, gemms=(Gemm(tokens, vocab // tp, model.hidden_size, fp8=False),),
                     attention=None, elementwise_bytes=moved, elementwise_kernels=3,
-                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd)
+                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "head"))

@@ -165,7 +165,7 @@ def _cpsat(table: StageTable, layers: tuple[int, ...], stages: list[int], pin: P
         for s, count in vector.items():
             linear = stage_activations(table, s)
             acts += count * (linear.const + sum(c * values[v] for v, c in linear.coefs.items()))
-        m.Add(PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * (acts + transient + fixed)
+        m.Add(PERMILLE * (states + table.baseline_bytes) + (PERMILLE + RESERVE_PERMILLE) * (acts + transient + fixed)
               <= PERMILLE * table.capacity_bytes)
     m.Minimize(sum(sel_vars[s] * table.selective_extra_ns + full_vars[s] * table.full_extra_ns for s in stages))
     solver = cp_model.CpSolver()
