@@ -51,7 +51,7 @@ def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
             best = result
     if best is None:
         return None, result
-    return plan_of(model, cluster, training, best.best, solver_info(best, "cpsat")), best
+    return plan_of(model, cluster, training, best.best, solver_info(best, "bnb")), best
 
 
 # Megatron-LM gives every pipeline stage the same number of layers: no uneven splits

@@ -11,6 +11,7 @@ import os
 import sys
 
 from autoplan.errors import SpecError
+from runtime.train.watchdog import DEFAULT_TIMEOUT_S, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=1, help="print a line every K steps (0: summary only)")
     p.add_argument("--trace", metavar="DIR", help="profile a few steps after warm-up on every rank into DIR "
                    "(torch traces, per-rank and merged step traces; runtime/train/profiling.py)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="seconds a collective or pipeline action may wait before the job ends (default 300)")
     return p
 
 
@@ -37,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(f"runtime.launch (rank {rank}): error: {err}", file=sys.stderr, flush=True)
         return 2
+    except Exception as err:  # a non-finite stop, a timeout or a lost peer: one line; anything else: a bug
+        status = report(err, rank, args.timeout)
+        if status is None:
+            raise
+        return status
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -48,6 +56,11 @@ def _main(args: argparse.Namespace) -> int:
         raise SpecError("--resume: needs --checkpoint-dir")
     if args.checkpoint_every < 0:
         raise SpecError("--checkpoint-every: must be >= 0")
+    if not 0 < args.timeout < float("inf"):
+        raise SpecError(f"--timeout: {args.timeout} must be a positive number of seconds")
+    if args.metrics is not None and os.environ.get("RANK", "0") == "0":  # `autoplan run` checked it already
+        from autoplan.schema._files import check_writable
+        check_writable(args.metrics, "--metrics")
 
     import torch.distributed as dist
 
@@ -55,6 +68,8 @@ def _main(args: argparse.Namespace) -> int:
     from runtime.mesh import build_mesh
     from runtime.train.data import TokenSource
     from runtime.trainer import RunOptions, Trainer, run
+    from runtime.train.lock import DirectoryLock
+    from runtime.train.watchdog import quiet_schedule_logs, set_timeout
     from runtime.validate import check_plan
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -64,7 +79,9 @@ def _main(args: argparse.Namespace) -> int:
     data = TokenSource(plan.model.vocab_size, plan.training.seq_len, plan.training.seed, args.data)
     if "RANK" not in os.environ:  # plain `python -m runtime.launch` on a 1-device plan: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
-    dist.init_process_group(backend)
+    lock = DirectoryLock(args.checkpoint_dir).acquire() if args.checkpoint_dir and os.environ["RANK"] == "0" else None
+    quiet_schedule_logs()
+    dist.init_process_group(backend, timeout=set_timeout(args.timeout))
     pm = build_mesh(plan.pp, plan.dp, plan.tp, device, plan.model.tie_embeddings and plan.num_stages > 1)
     trainer = Trainer(plan, pm, data)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,
@@ -73,6 +90,8 @@ def _main(args: argparse.Namespace) -> int:
     # that failed must exit (torchrun then stops the others) rather than wait here for ranks that cannot come.
     dist.barrier()
     dist.destroy_process_group()
+    if lock is not None:
+        lock.release()
     return 0
 
 

@@ -16,8 +16,10 @@ from runtime.build import Parts, build_parts, cross_entropy
 from runtime.device import GIB, MemoryMeter, autocast_dtype
 from runtime.mesh import ParallelMesh
 from runtime.parallel.data_parallel import local, set_microbatch_sync
-from runtime.train import checkpoint
+from runtime.train import checkpoint, guard
 from runtime.train.data import TokenSource
+from runtime.train.integrity import resume_point
+from runtime.train.metrics_resume import trim_after
 from runtime.train.metrics import MetricsLog
 from runtime.train.optim import clip_grad_norm, lr_at, set_lr
 from runtime.train.profiling import StepTracer, instrument, region
@@ -143,12 +145,14 @@ class RunOptions:
 def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     """Train from step 0 (or the newest complete checkpoint) to ``opts.steps``; returns the losses run."""
     parts, plan = trainer.parts, trainer.plan
-    start = 0
-    if opts.resume and opts.checkpoint_dir:
-        found = checkpoint.latest(opts.checkpoint_dir)
-        if found is not None:
-            start = checkpoint.load(found, parts.models, parts.optimizer, plan.model)
+    start, saved = 0, None
+    if opts.checkpoint_dir:
+        saved = resume_point(opts.checkpoint_dir, opts.resume, plan)  # the newest intact one, verified
+        if saved is not None:
+            start = checkpoint.load(saved, parts.models, parts.optimizer, plan.model)
     rank0 = dist.get_rank() == 0
+    if rank0 and opts.metrics and start > 0:
+        trim_after(opts.metrics, start)  # rows past the checkpoint are about to be run again
     pred = plan.predicted
     log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
                      pred.peak_memory_gib if pred else None, append=start > 0)
@@ -160,6 +164,7 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     for step in range(start, opts.steps):
         with tracer.step(step) if tracer else contextlib.nullcontext():
             r = trainer.step(step)
+        guard.check_step(step + 1, r.loss, r.grad_norm, saved)
         losses.append(r.loss)
         row = log.record(step + 1, r.loss, r.step_time_s, tokens, r.peak_bytes / GIB,
                          lr_at(step, plan.training), r.grad_norm, [b / GIB for b in r.peak_bytes_per_rank],
@@ -168,7 +173,8 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
             print(f"step {row['step']:>5}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
                   f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB", flush=True)
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
-            checkpoint.save(opts.checkpoint_dir, step + 1, parts.models, parts.optimizer, plan.model)
+            guard.check_weights(parts.parameters(), step + 1, saved, trainer.pm.device)
+            saved = checkpoint.save(opts.checkpoint_dir, step + 1, parts.models, parts.optimizer, plan.model, plan)
     if tracer:
         tracer.finish(trainer.pm, {"model": plan.model.name, "device": trainer.pm.device.type, "tp": plan.tp,
                                    "pp": plan.pp, "dp": plan.dp, "zero_stage": plan.zero_stage,

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
 
-from autoplan.cost.estimate import WorkloadFn
-from autoplan.cost.workload import analytic_workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
 from autoplan.schema.hf_config import is_hf_config, spec_from_hf_config
+from autoplan.schema._io import validated
+from autoplan.schema.plan import ParallelConfig, RecomputeMode, parallel_dimensions
 from autoplan.schema.profile import ModelProfile, is_profile_file, load_profile
+
+if TYPE_CHECKING:  # the cost model is imported when a command runs, not to print --help
+    from autoplan.cost.estimate import WorkloadFn
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,19 +48,31 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_layout_arguments(p: argparse.ArgumentParser, required: bool) -> None:
-    """The layout options: pins for ``plan``, the configuration itself for ``estimate``."""
-    p.add_argument("--tp", type=int, required=required)
-    p.add_argument("--pp", type=int, required=required)
-    p.add_argument("--dp", type=int)
-    p.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3], required=required)
-    p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], required=required)
-    p.add_argument("--virtual-stages", type=int)
-    p.add_argument("--micro-batch-size", type=int, required=required)
-    p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--recompute", choices=["none", "selective", "full"],
+    """The parallel dimensions of ``ParallelConfig`` (schema/plan.py), one flag each: pins for ``plan``,
+    the configuration itself for ``estimate`` (``required``: the dimensions estimate cannot default)."""
+    hints = get_type_hints(ParallelConfig)
+    for field in parallel_dimensions():
+        meta = field.metadata
+        if not meta["pinnable"]:
+            continue
+        flag = "--" + (meta["flag"] or field.name).replace("_", "-")
+        hint = hints[field.name]
+        if hint is bool:
+            p.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=meta["help"])
+            continue
+        choices = meta["choices"] or (get_args(hint) if get_origin(hint) is Literal else None)
+        p.add_argument(flag, dest=field.name, type=int if hint is int else str, choices=choices,
+                       required=required and meta["estimate_needs"], help=meta["help"])
+    p.add_argument("--recompute", choices=list(get_args(RecomputeMode)),
                    help="recomputation of every layer" + ("" if required else " (default: searched per stage)"))
-    p.add_argument("--offload", dest="offload_optimizer", action=argparse.BooleanOptionalAction, default=None,
-                   help="optimizer state and step on the host CPU")
+
+
+def counted_dimensions() -> list[str]:
+    """Parallel dimensions that count something (sizes, not a choice among values): at least 1 each."""
+    hints = get_type_hints(ParallelConfig)
+    return [f.name for f in parallel_dimensions()
+            if f.metadata["pinnable"] and hints[f.name] is int and not f.metadata["choices"]]
 
 
 def positive(name: str, value: int | None) -> None:
@@ -66,8 +82,7 @@ def positive(name: str, value: int | None) -> None:
 
 def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Cluster, TrainingSetup]:
     """The model is a ModelSpec, or a ModelProfile when MODEL is a profile file."""
-    for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", "tp", "pp", "dp", "virtual_stages",
-                 "micro_batch_size"):
+    for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", *counted_dimensions()):
         positive(name.replace("_", "-"), getattr(args, name, None))
     model = load_any_model(args.model)
     if args.make_vocab_size_divisible_by is not None:
@@ -79,17 +94,21 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
     default_seq = model.seq_len if isinstance(model, ModelSpec) else (model.seq_len or 1)
     cluster = load_cluster(args.cluster)
     overrides = {k: v for k, v in (("num_nodes", args.nodes), ("devices_per_node", args.devices_per_node)) if v}
-    cluster = dataclasses.replace(cluster, **overrides)
+    # options change loaded objects: check the result exactly as a file would be checked (bounds, finiteness)
+    cluster = validated(dataclasses.replace(cluster, **overrides),
+                        {"num_nodes": "--nodes", "devices_per_node": "--devices-per-node"})
     precision = args.precision or ("fp32" if cluster.device.kind == "cpu" else "bf16")
     if precision == "fp8" and cluster.device.peak_fp8_tflops <= 0:
         raise SpecError(f"--precision fp8: {cluster.device.name} has no fp8 tensor cores (its profile's "
                         "peak_fp8_tflops is 0); use bf16, or an H100/H200/H800/B200 cluster")
     if not 0 <= args.memory_margin < 1:
         raise SpecError(f"--memory-margin: must be in [0, 1), got {args.memory_margin}")
-    training = TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or default_seq,
-                             precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
-                             attention=args.attention, grad_accumulation_fusion=args.grad_accumulation_fusion,
-                             overlap_grad_reduce=args.overlap_grad_reduce)
+    training = validated(
+        TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or default_seq,
+                      precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
+                      attention=args.attention, grad_accumulation_fusion=args.grad_accumulation_fusion,
+                      overlap_grad_reduce=args.overlap_grad_reduce),
+        {"global_batch_size": "--global-batch-size", "seq_len": "--seq-len", "memory_margin": "--memory-margin"})
     return model, cluster, training
 
 
@@ -104,6 +123,8 @@ def load_any_model(arg: str) -> ModelSpec | ModelProfile:
 
 def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: TrainingSetup,
                 rescale: bool = False) -> WorkloadFn:
+    from autoplan.cost.workload import analytic_workload
+
     if isinstance(model, ModelProfile):
         from autoplan.profiler.adapter import profile_workload_fn  # torch-free
 

@@ -10,13 +10,11 @@ import dataclasses
 import json
 
 from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec, workload_fn
-from autoplan.cost.estimate import estimate_layout, stages_from_shapes, with_local_params
-from autoplan.cost.evaluate import StageShape
 from autoplan.errors import SpecError
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label
 from autoplan.schema import Layout, Plan, SolverInfo, check_fits, dump_plan, plan_to_dict
 from autoplan.schema._io import to_dict, write_atomic
-from autoplan.search.space import num_layers_of, stage_splits, tp_options
+from autoplan.schema.plan import parallel_dimensions
 
 DOES_NOT_FIT_STATUS = 3
 
@@ -31,25 +29,37 @@ def register(subparsers) -> None:
 
 
 def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, global_batch: int) -> Layout:
-    dp = args.dp or num_devices // (args.tp * args.pp)
-    v = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
+    """The configuration given on the command line (the dimensions left out take their defaults), with
+    the layers split evenly and every layer recomputed as ``--recompute`` says."""
+    from autoplan.cost.estimate import stages_from_shapes
+    from autoplan.cost.evaluate import StageShape
+    from autoplan.search.space import stage_splits
+
+    given = {f.name: getattr(args, f.name) for f in parallel_dimensions() if f.metadata["pinnable"]}
+    if given["dp"] is None and num_devices % (args.tp * args.pp):
+        raise SpecError(f"--tp/--pp: tp x pp = {args.tp * args.pp} does not divide the cluster's {num_devices} devices; "
+                        "give --dp or other sizes")
+    dp = given["dp"] or num_devices // (args.tp * args.pp)
     if global_batch % (dp * args.micro_batch_size):
         raise SpecError(f"--micro-batch-size: global batch {global_batch} is not divisible by dp x micro-batch "
                         f"= {dp} x {args.micro_batch_size}")
-    stages = args.pp * v
+    defaults = {"dp": dp, "virtual_stages": 2 if args.schedule == "interleaved" else 1, "sequence_parallel": False,
+                "offload_optimizer": False}
+    values = {k: (defaults[k] if v is None else v) for k, v in given.items()}
+    values["num_microbatches"] = global_batch // (dp * args.micro_batch_size)
+    stages = args.pp * values["virtual_stages"]
     if stages > num_layers:
         raise SpecError(f"--pp: pp x virtual stages = {stages} exceeds the {num_layers} layers")
     split = stage_splits(num_layers, stages, 0)[0]
     mode = args.recompute or "none"
     shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)
-    return Layout(tp=args.tp, pp=args.pp, dp=dp, sequence_parallel=bool(args.sequence_parallel),
-                  zero_stage=args.zero_stage, offload_optimizer=bool(args.offload_optimizer), schedule=args.schedule,
-                  virtual_stages=v, micro_batch_size=args.micro_batch_size,
-                  num_microbatches=global_batch // (dp * args.micro_batch_size),
-                  stages=stages_from_shapes(shapes, args.pp))
+    return Layout(**values, stages=stages_from_shapes(shapes, args.pp))
 
 
 def run(args: argparse.Namespace) -> int:
+    from autoplan.cost.estimate import estimate_layout, with_local_params
+    from autoplan.search.space import num_layers_of, tp_options
+
     model, cluster, training = load_inputs(args)
     layout = even_layout(args, num_layers_of(model), cluster.num_devices, training.global_batch_size)
     spec = runnable_spec(model)

@@ -3,39 +3,67 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec, workload_fn
 from autoplan.errors import SpecError
-from autoplan.report.tables import breakdown_table, ranking_table
-from autoplan.report.why import why_winner
-from autoplan.schema import dump_plan, plan_to_dict
-from autoplan.schema._io import to_dict, write_atomic
-from autoplan.search.planner import search, stderr_progress
-from autoplan.search.result import explain_infeasible, plan_of, predicted_of, require_plan, solver_info
-from autoplan.search.space import Pins, tp_options
+
+DESCRIPTION = """\
+Search the fastest plan that fits. The search is a best-first branch-and-bound over the configurations
+(tp, pp, dp, sequence parallel, micro-batch size, then ZeRO stage, offload and schedule), the stage splits
+and the per-rank recomputation: every candidate carries a lower bound on its step time, layouts are
+simulated only while their bound can still beat the best plans found, and per-rank recomputation is an
+integer program solved exactly (in closed form, by enumeration or by OR-Tools CP-SAT). OPTIMAL means no
+plan in the search space is faster under the cost model; with --time-limit the best plan found so far is
+returned as FEASIBLE, with the proven lower bound."""
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="find the fastest parallel plan that fits and write it as YAML")
+    p = subparsers.add_parser("plan", help="find the fastest parallel plan that fits and write it as YAML",
+                              description=DESCRIPTION)
     add_input_arguments(p)
     add_layout_arguments(p, required=False)
     p.add_argument("-o", "--output", help="write the winning plan to this YAML file")
     p.add_argument("--top", type=int, default=5, help="how many plans to list (5)")
-    p.add_argument("--solver", choices=["cpsat", "bruteforce"], default="cpsat")
+    p.add_argument("--solver", choices=["bnb", "bruteforce"], default="bnb",
+                   help="bnb: branch-and-bound (default); bruteforce: every layout, for checking on small problems")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop after this long with the best plan found (status FEASIBLE unless proven OPTIMAL)")
     p.set_defaults(func=run)
 
 
-def pins_of(args: argparse.Namespace) -> Pins:
-    return Pins(tp=args.tp, pp=args.pp, dp=args.dp, zero_stage=args.zero_stage, schedule=args.schedule,
-                virtual_stages=args.virtual_stages, micro_batch_size=args.micro_batch_size,
-                sequence_parallel=args.sequence_parallel, offload_optimizer=args.offload_optimizer,
-                recompute=args.recompute)
+def pins_of(args: argparse.Namespace):
+    from autoplan.search.space import Pins
+
+    return Pins(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Pins)})
+
+
+def stderr_progress(message: str, final: bool) -> None:
+    """On a terminal one line rewritten in place; in a pipe or a log, one line each time."""
+    if sys.stderr.isatty():
+        print(f"\r{message:<100}", end="\n" if final else "", file=sys.stderr, flush=True)
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here so that `autoplan --help` does not load the search (and OR-Tools behind it)
+    from autoplan.report.tables import breakdown_table, ranking_table
+    from autoplan.report.why import why_winner
+    from autoplan.schema import dump_plan, plan_to_dict
+    from autoplan.schema._io import to_dict, write_atomic
+    from autoplan.search.planner import search
+    from autoplan.search.result import explain_infeasible, plan_of, predicted_of, require_plan, solver_info
+    from autoplan.search.space import check_size, tp_options
+
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise SpecError(f"--time-limit: must be a positive number of seconds, got {args.time_limit}")
+    if args.top < 1:
+        raise SpecError(f"--top: must be at least 1, got {args.top}")
     model, cluster, training = load_inputs(args)
+    check_size(model, cluster, training)
     spec = runnable_spec(model)
     if args.output and spec is None:
         raise SpecError(f"-o: a plan file embeds a model the runtime can build, and profile {model.name!r} "
@@ -47,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
                         f"model's heads, KV heads, FFN width and vocabulary; use one of {allowed}")
     make = lambda m, c, t: workload_fn(m, c, t, args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
-                    top_k=max(1, args.top), progress=None if args.json else stderr_progress)
-    if sys.stderr.isatty() and not args.json:
-        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+                    top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)
+    if result.status == "UNKNOWN":
+        raise SpecError(f"--time-limit: no plan found in {args.time_limit:g} s (lower bound "
+                        f"{result.bound_ns * 1e-9:.3f} s per step so far); allow more time")
     require_plan(result, lambda: explain_infeasible(model, make, cluster, training, pins))
     info = solver_info(result, args.solver)
     ranked = [predicted_of(c, cluster, training) for c in result.ranked]
@@ -67,8 +96,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{model.name} on {cluster.name}: {cluster.num_nodes} x {cluster.devices_per_node} {cluster.device.name}, "
           f"global batch {training.global_batch_size} x {training.seq_len} tokens, {training.precision}")
-    print(f"solver {args.solver}: {result.status} in {result.wall_s:.2f} s "
-          f"({result.considered} configurations, {result.evaluated} solved, the rest pruned by bounds)\n")
+    proof = ""
+    if result.status == "FEASIBLE":
+        gap = result.best.step_ns / max(1, result.bound_ns) - 1
+        proof = f", within {100 * gap:.1f}% of optimal (bound {result.bound_ns * 1e-9:.3f} s)"
+    rest = "stopped by --time-limit" if result.status == "FEASIBLE" else "the rest pruned by bounds"
+    print(f"solver {args.solver}: {result.status} in {result.wall_s:.2f} s{proof} ({result.considered} "
+          f"configurations, {result.evaluated} with layouts simulated ({result.simulated} layouts), {rest})\n")
     print(ranking_table(ranked))
     print("\n" + why_winner(ranked))
     print("\n" + breakdown_table(ranked[0][1]))

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from autoplan.errors import SpecError
+from autoplan.schema.limits import MAX_DEVICES_PER_NODE, MAX_SEQ_LEN
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +31,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def int_list(text: str, option: str) -> tuple[int, ...]:
+MAX_SIZES = 16
+"""Sizes per list option: each one is a separate trace of every block."""
+MAX_PROFILED_MICRO_BATCH = 2**16
+"""Published micro-batches are 1 to a few hundred sequences."""
+MAX_TOKENS_PER_MICRO_BATCH = MAX_SEQ_LEN
+"""micro-batch x seq_len; beyond it even meta tensors overflow (b x heads x s x s attention scores)."""
+
+
+def int_list(text: str, option: str, high: int) -> tuple[int, ...]:
     """``"1,2"`` -> (1, 2); anything else is a one-line SpecError naming the option."""
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
@@ -38,6 +47,8 @@ def int_list(text: str, option: str) -> tuple[int, ...]:
         values = ()
     if not values or any(v < 1 for v in values):
         raise SpecError(f"{option}: expected comma-separated whole numbers >= 1, e.g. 1,2; got {text!r}")
+    if len(values) > MAX_SIZES or max(values) > high:
+        raise SpecError(f"{option}: at most {MAX_SIZES} sizes, each at most {high:,}; got {text!r}")
     return values
 
 
@@ -48,15 +59,25 @@ def run(args: argparse.Namespace) -> int:
 
     if args.dtype not in DTYPES:
         raise SpecError(f"--dtype: {args.dtype!r} is not one of {', '.join(DTYPES)}")
-    if args.seq_len is not None and args.seq_len < 1:
-        raise SpecError(f"--seq-len: must be at least 1, got {args.seq_len}")
-    if args.repeats < 1 or args.warmup < 0:
-        raise SpecError("--repeats must be >= 1 and --warmup >= 0")
+    if args.seq_len is not None and not 1 <= args.seq_len <= MAX_SEQ_LEN:
+        raise SpecError(f"--seq-len: must be in [1, {MAX_SEQ_LEN:,}], got {args.seq_len}")
+    if not (1 <= args.repeats <= 1000 and 0 <= args.warmup <= 1000):
+        raise SpecError("--repeats must be in [1, 1000] and --warmup in [0, 1000]")
+    micro_batch_sizes = int_list(args.micro_batch_sizes, "--micro-batch-sizes", MAX_PROFILED_MICRO_BATCH)
+    if args.seq_len is not None and max(micro_batch_sizes) * args.seq_len > MAX_TOKENS_PER_MICRO_BATCH:
+        raise SpecError(f"--micro-batch-sizes x --seq-len: {max(micro_batch_sizes)} x {args.seq_len} tokens per "
+                        f"micro-batch; at most {MAX_TOKENS_PER_MICRO_BATCH:,}")
     options = ProfileOptions(device=args.device, dtype=args.dtype,
-                             micro_batch_sizes=int_list(args.micro_batch_sizes, "--micro-batch-sizes"),
-                             seq_len=args.seq_len, tp_sizes=int_list(args.tp_sizes, "--tp-sizes"),
+                             micro_batch_sizes=micro_batch_sizes,
+                             seq_len=args.seq_len, tp_sizes=int_list(args.tp_sizes, "--tp-sizes", MAX_DEVICES_PER_NODE),
                              warmup=args.warmup, repeats=args.repeats, progress=not args.quiet)
-    profile = profile_model(args.model, options)
+    try:
+        profile = profile_model(args.model, options)
+    except RuntimeError as err:  # torch refuses shapes whose element count overflows, even on meta
+        if "overflow" not in str(err):
+            raise
+        raise SpecError(f"{args.model}: the shapes are too large to trace ({str(err).splitlines()[0][:120]}); "
+                        "lower --seq-len or --micro-batch-sizes") from None
     write_atomic(args.output, dump_profile(profile))
     _print_summary(profile, summary_rows(profile), args.output)
     return 0

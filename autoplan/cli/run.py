@@ -1,24 +1,34 @@
-"""``autoplan run plan.yaml [--steps K] [--nproc N] ...``: start torchrun with the runtime for the user.
+"""``autoplan run plan.yaml [--steps K] ...``: check everything, then start torchrun with the runtime.
 
-Thin: checks the plan, picks the process count (the plan's world size unless --nproc says otherwise) and
-runs ``python -m torch.distributed.run --standalone --nproc_per_node N -m runtime.launch plan.yaml ...``.
-It imports neither torch nor the runtime, so planning stays torch-free.
+Thin: the preflight (``launcher/preflight.py``) checks the plan, every option and path, and the devices
+of this machine before any process starts; the supervisor (``launcher/supervise.py``) runs
+``python -m runtime.torchrun --standalone --nproc-per-node N -m runtime.launch plan.yaml ...`` as a
+process group that signals reach, and restarts it from the newest complete checkpoint after a failure
+(``--max-restarts``). A plan for several nodes prints the torchrun line for each node (``--slurm``: an
+sbatch script); ``--nnodes/--node-rank/--rdzv-endpoint`` run this node's share. Torch is imported only
+to count GPUs for a GPU plan.
 
 Data: byte-level models (vocab >= 256) train on the shipped sample text (examples/) unless ``--data``
 names a token file or ``--data synthetic`` asks for seeded random tokens (runtime.launch's default).
+
+Exit status: 0 done; 2 bad input; 3 stopped on a non-finite loss, gradient norm or weights; 4 a collective
+timed out; 5 a rank lost its peers; 128 + N killed by (or stopped on) signal N.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import shlex
 import sys
 from pathlib import Path
 
 from autoplan.errors import SpecError
+from autoplan.launcher.commands import runtime_command, sbatch_script, torchrun_options
+from autoplan.launcher.preflight import NeedsMoreNodes, preflight
+from autoplan.launcher.supervise import run_attempts
 
-SAMPLE_TEXT = Path(__file__).resolve().parents[2] / "examples" / "shakespeare_bytes.bin"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def register(subparsers) -> None:
@@ -26,14 +36,24 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("plan", help="plan YAML written by `autoplan plan`")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in total (default 20)")
-    p.add_argument("--nproc", type=int, help="processes to start (default: the plan's tp * pp * dp)")
+    p.add_argument("--nproc", type=int, help="processes to start (default: the plan's tp * pp * dp per node)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="override the default (nccl with CUDA, else gloo)")
     p.add_argument("--data", help="token file (uint16 LE), or 'synthetic'; default: the shipped sample text "
                                   "for byte-level models")
     p.add_argument("--metrics", default="metrics.jsonl", help="JSON lines per step (default metrics.jsonl)")
-    p.add_argument("--checkpoint-dir", help="DCP checkpoint folder")
+    p.add_argument("--checkpoint-dir", help="DCP checkpoint folder (one run at a time: it is locked)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0: never)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="after a failed attempt (a killed rank, a timeout) start again from the newest "
+                        "complete checkpoint, up to N times (default 0)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a collective or pipeline action may wait before the job ends (default 300)")
+    p.add_argument("--nnodes", type=int, help="run this node's share of a multi-node plan (with --node-rank)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0 .. nnodes-1 (default 0)")
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, the same on every node (with --nnodes > 1)")
+    p.add_argument("--slurm", action="store_true", help="print an sbatch script for the plan's nodes and exit")
+    p.add_argument("--print-command", action="store_true", help="check everything, print the torchrun line, exit")
     p.add_argument("--trace", metavar="DIR", help="profile a few steps after warm-up into DIR (merged.json: the "
                    "measured step per rank, for autoplan compare --trace and Perfetto)")
     p.add_argument("--dry-run", action="store_true", help="build ranks of the plan on the meta device with a fake "
@@ -44,41 +64,48 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def launch_command(args: argparse.Namespace, nproc: int, data: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "runtime.launch", str(args.plan), "--steps", str(args.steps)]
-    for flag, value in (("--backend", args.backend), ("--data", data), ("--metrics", args.metrics),
-                        ("--checkpoint-dir", args.checkpoint_dir), ("--trace", getattr(args, "trace", None))):
-        if value:
-            cmd += [flag, str(value)]
-    if args.checkpoint_every:
-        cmd += ["--checkpoint-every", str(args.checkpoint_every)]
-    if args.resume:
-        cmd.append("--resume")
-    return cmd
-
-
-def run(args: argparse.Namespace) -> int:
-    from autoplan.schema import load_plan
-
-    plan = load_plan(args.plan)
-    if args.dry_run:
-        from autoplan.cli.dry_run import dry_run
-        return dry_run(args.plan, plan, args.rank, args.json)
-    if args.rank or args.json:
-        raise SpecError(f"{'--rank' if args.rank else '--json'}: only with --dry-run")
-    nproc = args.nproc or plan.world_size
-    if nproc != plan.world_size:
-        raise SpecError(f"--nproc {nproc}: the plan needs tp * pp * dp = {plan.world_size} processes")
-    data = args.data
-    if data is None and plan.model.vocab_size >= 256 and SAMPLE_TEXT.is_file():
-        data = str(SAMPLE_TEXT)
-    elif data == "synthetic":
-        data = None
+def _env(nproc: int) -> dict[str, str]:
     env = dict(os.environ)
     # one compute thread per rank unless the user chose: N ranks would oversubscribe the cores otherwise
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    print("autoplan run: " + " ".join(launch_command(args, nproc, data)[1:]), file=sys.stderr, flush=True)
-    return subprocess.call(launch_command(args, nproc, data), env=env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from autoplan.cli.dry_run import dry_run
+        from autoplan.schema import load_plan
+
+        return dry_run(args.plan, load_plan(args.plan), args.rank, args.json)
+    if args.rank or args.json:
+        raise SpecError(f"{'--rank' if args.rank else '--json'}: only with --dry-run")
+    try:
+        plan, launch = preflight(args)
+    except NeedsMoreNodes as err:
+        print("\n".join(err.lines), flush=True)
+        raise
+    if args.slurm:
+        print(sbatch_script(launch, gpus=plan.cluster.device.kind == "gpu", job_name=f"autoplan-{plan.model.name}"),
+              end="")
+        return 0
+    torchrun = torchrun_options(launch.nproc_per_node, launch.nnodes, launch.node_rank, launch.rdzv_endpoint,
+                                launch.rdzv_id)
+
+    def make_cmd(resume: bool) -> list[str]:
+        extra = ["--resume"] if resume or args.resume else []
+        return [sys.executable, "-m", "runtime.torchrun", *torchrun, *runtime_command(launch), *extra]
+
+    line = "autoplan run: torchrun " + " ".join(shlex.quote(a) for a in make_cmd(False)[3:])
+    if args.print_command:
+        print(line.split(": ", 1)[1])
+        return 0
+    print(line, file=sys.stderr, flush=True)
+
+    def newest_checkpoint() -> Path | None:
+        from runtime.train.manifest import complete_checkpoints
+
+        found = complete_checkpoints(args.checkpoint_dir) if args.checkpoint_dir else []
+        return found[0][1] if found else None
+
+    return run_attempts(make_cmd, _env(launch.nproc_per_node), args.max_restarts, newest_checkpoint)

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from autoplan.cli.common import workload_fn
-from autoplan.report.simulated import simulate_plan
-from autoplan.report.timeline import draw_timeline
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label, render
 from autoplan.schema import load_plan
 
@@ -42,8 +39,14 @@ def run(args: argparse.Namespace) -> int:
         print("\n" + breakdown_table(plan.predicted))
     if not (args.timeline or args.trace or args.png):
         return 0
+    # the cost model is imported only to draw: printing a plan stays fast
+    from autoplan.cli.common import workload_fn
+    from autoplan.report.simulated import simulate_plan
+
     sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
     if args.timeline:
+        from autoplan.report.timeline import draw_timeline
+
         recomputing = {s.index for s in plan.stages if s.full_recompute or s.selective_recompute}
         print("\npipeline timeline (simulated):\n" + draw_timeline(sim.evaluation, recomputing))
     if args.trace:

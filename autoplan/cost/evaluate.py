@@ -107,5 +107,5 @@ def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:
 
 
 def path_of(t: StageTable, evaluation: Evaluation):
-    """The critical path to the rank that ends the step (for the CP-SAT cuts)."""
+    """The critical path to the rank that ends the step (the breakdown's pipeline transfers)."""
     return critical_path(evaluation.timeline, evaluation.critical_rank)

@@ -8,8 +8,12 @@ Megatron's. A list that cannot make progress is a deadlock, reported as such.
 
 Because every start time is the maximum of its predecessors' end times, the step time is the length of
 the longest (critical) path through this graph. ``critical_path`` returns that path as counts of
-forward/backward actions per stage and the transfers on it; the CP-SAT search uses those counts as
-linear cuts (search/cpsat.py), so it optimises exactly the quantity simulated here.
+forward/backward actions per stage and the transfers on it (the breakdown of pipeline transfers reads it).
+
+Two entry points over the same graph: ``simulate`` keeps every start, end and binding predecessor (for
+reports and the timeline drawing); ``rank_ends`` computes only when each rank finishes, from the graph
+compiled once per schedule into flat integer rows, which is what the search calls thousands of times.
+Both work for any valid per-rank action list; nothing assumes the shape of a particular schedule.
 """
 
 from __future__ import annotations
@@ -48,92 +52,132 @@ class CriticalPath:
 
 
 @dataclass(frozen=True)
-class _Graph:
+class Compiled:
+    """The actions in an order that respects every dependency, each as a row (rank predecessor,
+    dependency 1, its transfer edge, dependency 2, its edge, duration slot): indices into this order, -1
+    for "none" (index -1 of the end-time list and of the transfer list holds 0); slot s is the forward
+    of stage s, slot num_stages + s its backward."""
+
     actions: list[Action]
-    stage: list[int]
-    forward: list[bool]
-    prev: list[int]
-    """Index of the previous action on the same rank, -1 for a rank's first."""
-    deps: list[list[tuple[int, int]]]
-    """Data dependencies as (index, transfer edge or -1)."""
+    rows: list[tuple[int, int, int, int, int, int]]
     last_index: dict[int, int]
 
 
 def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: list[float]) -> Timeline:
     """``fwd_s[s]``/``bwd_s[s]``: durations of stage s; ``p2p_s[s]``: transfer time between s and s+1."""
-    g = _graph(orders, len(fwd_s))
-    n = len(g.actions)
+    g = compiled(orders, len(fwd_s))
+    n = len(g.rows)
+    durations = list(fwd_s) + list(bwd_s)
     start, end = [0.0] * n, [0.0] * n
     binding: list[tuple[int, bool] | None] = [None] * n
-    for i in range(n):
-        p = g.prev[i]
+    for i, (p, d1, e1, d2, e2, slot) in enumerate(g.rows):
         ready, why = (end[p], (p, False)) if p >= 0 else (0.0, None)
-        for d, edge in g.deps[i]:
+        for d, edge in ((d1, e1), (d2, e2)):
+            if d < 0:
+                continue
             t = end[d] + (p2p_s[edge] if edge >= 0 else 0.0)
             if t > ready:
                 ready, why = t, (d, edge >= 0)
         start[i] = ready
-        end[i] = ready + (fwd_s[g.stage[i]] if g.forward[i] else bwd_s[g.stage[i]])
+        end[i] = ready + durations[slot]
         binding[i] = why
     rank_end = {r: end[i] for r, i in g.last_index.items()}
     return Timeline(g.actions, start, end, binding, rank_end, g.last_index)
 
 
-_GRAPHS: dict[int, tuple[RankOrders, _Graph]] = {}
+_COMPILED: dict[int, tuple[RankOrders, Compiled]] = {}
 
 
-def _graph(orders: RankOrders, num_stages: int) -> _Graph:
-    """Actions in an order that respects every dependency, with their rank predecessor and data
-    dependencies as indices. Built once per schedule object (build_schedule caches those) and reused:
-    it depends on the action order only, not on durations. A deadlock is found here."""
-    cached = _GRAPHS.get(id(orders))
+def compiled(orders: RankOrders, num_stages: int) -> Compiled:
+    """The dependency graph of the lists, built once per schedule object (build_schedule caches those)
+    and reused: it depends on the action order only, not on durations. A deadlock is found here.
+
+    A forward of stage s waits for the forward of s - 1 on the same micro-batch; a backward for the
+    backward of s + 1 (on the last stage: nothing but its own forward) and its own forward.
+    """
+    cached = _COMPILED.get(id(orders))
     if cached is not None and cached[0] is orders:
         return cached[1]
-    index: dict[Action, int] = {}
+    # every action gets an integer id from (stage, kind, micro-batch); lists indexed by it are far cheaper
+    # than dictionaries of dataclasses, which matters for lists of 10^5 actions. Id -1 is "no dependency".
+    span = 1 + max((a.microbatch for acts in orders.values() for a in acts), default=0)
+    lists = {}
+    for rank, acts in orders.items():
+        rows = []
+        for a in acts:
+            s, mb, forward = a.stage, a.microbatch, a.kind == "F"
+            if not 0 <= s < num_stages or mb < 0:
+                raise RuntimeError(f"pipeline schedule: rank {rank} runs {a}, outside {num_stages} stages")
+            f_id, b_id = 2 * s * span + mb, (2 * s + 1) * span + mb
+            if forward:
+                rows.append((f_id, f_id - 2 * span if s > 0 else -1, s - 1, -1, -1, s, a))
+            elif s == num_stages - 1:
+                rows.append((b_id, f_id, -1, -1, -1, num_stages + s, a))
+            else:
+                rows.append((b_id, b_id + 2 * span, s, f_id, -1, num_stages + s, a))
+        lists[rank] = rows
+    index = [-1] * (2 * num_stages * span) + [0]  # the last entry answers for id -1: always "done"
     actions: list[Action] = []
-    prev: list[int] = []
+    out: list[tuple[int, int, int, int, int, int]] = []
     cursor = {r: 0 for r in orders}
+    last = {r: -1 for r in orders}
     remaining = sum(len(a) for a in orders.values())
     while remaining:
         progressed = False
-        for rank, acts in orders.items():
-            while cursor[rank] < len(acts):
-                action = acts[cursor[rank]]
-                if any(d not in index for d in _dependencies(action, num_stages)):
+        for rank, rows in lists.items():
+            c, n, previous = cursor[rank], len(rows), last[rank]
+            while c < n:
+                key, d1, e1, d2, e2, slot, action = rows[c]
+                if index[d1] < 0 or index[d2] < 0:
                     break
-                index[action] = len(actions)
+                i = len(out)
+                index[key] = i
+                out.append((previous, index[d1] if d1 >= 0 else -1, e1 if d1 >= 0 else -1,
+                            index[d2] if d2 >= 0 else -1, e2, slot))
                 actions.append(action)
-                prev.append(index[acts[cursor[rank] - 1]] if cursor[rank] else -1)
-                cursor[rank] += 1
-                remaining -= 1
+                previous = i
+                c += 1
+            if c > cursor[rank]:
+                remaining -= c - cursor[rank]
                 progressed = True
+            cursor[rank], last[rank] = c, previous
         if not progressed:
             stuck = {r: str(a[cursor[r]]) for r, a in orders.items() if cursor[r] < len(a)}
             raise RuntimeError(f"pipeline schedule deadlocks; next actions per rank: {stuck}")
-    deps = [[(index[d], min(d.stage, a.stage) if d.stage != a.stage else -1) for d in _dependencies(a, num_stages)]
-            for a in actions]
-    graph = _Graph(actions, [a.stage for a in actions], [a.kind == "F" for a in actions], prev, deps,
-                   {r: index[a[-1]] for r, a in orders.items() if a})
-    if len(_GRAPHS) > 4096:
-        _GRAPHS.clear()
-    _GRAPHS[id(orders)] = (orders, graph)
-    return graph
+    result = Compiled(actions, out, {r: last[r] for r, acts in orders.items() if acts})
+    if len(_COMPILED) > 4096:
+        _COMPILED.clear()
+    _COMPILED[id(orders)] = (orders, result)
+    return result
 
 
 def data_dependencies(action: Action, num_stages: int) -> list[Action]:
-    """The actions whose outputs ``action`` consumes; a dependency on another stage crosses the transfer
-    edge ``min(stage, other stage)``. Public for the trace views (report/chrome_trace.py), which draw the
-    transfers the simulation charged."""
-    return _dependencies(action, num_stages)
-
-
-def _dependencies(action: Action, num_stages: int) -> list[Action]:
+    """The actions whose outputs ``action`` consumes, the rule ``compiled`` encodes as integer rows; a
+    dependency on another stage crosses the transfer edge ``min(stage, other stage)``. For the trace views
+    (report/chrome_trace.py), which draw the transfers the simulation charged."""
     s, mb = action.stage, action.microbatch
     if action.kind == "F":
         return [Action(s - 1, "F", mb)] if s > 0 else []
     if s == num_stages - 1:
         return [Action(s, "F", mb)]
     return [Action(s + 1, "B", mb), Action(s, "F", mb)]
+
+
+def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int]) -> dict[int, int]:
+    """When each rank's last action ends: the same recurrence as ``simulate``, on integers (ns)."""
+    durations = fwd + bwd
+    transfer = list(p2p) + [0]
+    end = [0] * (len(c.rows) + 1)
+    for i, (prev, d1, e1, d2, e2, slot) in enumerate(c.rows):
+        t = end[prev]
+        u = end[d1] + transfer[e1]
+        if u > t:
+            t = u
+        u = end[d2] + transfer[e2]
+        if u > t:
+            t = u
+        end[i] = t + durations[slot]
+    return {r: end[i] for r, i in c.last_index.items()}
 
 
 def critical_path(timeline: Timeline, rank: int) -> CriticalPath:
@@ -171,21 +215,21 @@ def inflight_peaks(orders: RankOrders) -> dict[int, list[dict[int, int]]]:
         return cached[1]
     peaks: dict[int, list[dict[int, int]]] = {}
     for rank, actions in orders.items():
-        live: Counter = Counter()
-        found: list[dict[int, int]] = []
+        stages = sorted({a.stage for a in actions})
+        slot = {st: i for i, st in enumerate(stages)}
+        live = [0] * len(stages)
+        found: set[tuple[int, ...]] = set()
         for i, a in enumerate(actions):
-            live[a.stage] += 1 if a.kind == "F" else -1
-            nxt = actions[i + 1] if i + 1 < len(actions) else None
-            if a.kind == "F" and (nxt is None or nxt.kind == "B"):
-                vector = {s: c for s, c in live.items() if c}
-                if vector not in found:
-                    found.append(vector)
-        peaks[rank] = [v for v in found if not any(_dominates(w, v) for w in found if w is not v)]
+            live[slot[a.stage]] += 1 if a.kind == "F" else -1
+            if a.kind == "F" and (i + 1 == len(actions) or actions[i + 1].kind == "B"):
+                found.add(tuple(live))
+        # keep the vectors no other one dominates; a dominating vector has at least the same total
+        kept: list[tuple[int, ...]] = []
+        for vec in sorted(found, key=lambda v: (-sum(v), v)):
+            if not any(all(x >= y for x, y in zip(w, vec)) for w in kept):
+                kept.append(vec)
+        peaks[rank] = [{st: c for st, c in zip(stages, vec) if c} for vec in kept]
     if len(_PEAKS) > 4096:
         _PEAKS.clear()
     _PEAKS[id(orders)] = (orders, peaks)
     return peaks
-
-
-def _dominates(a: dict[int, int], b: dict[int, int]) -> bool:
-    return a != b and all(a.get(s, 0) >= c for s, c in b.items())

@@ -3,8 +3,9 @@
 Once tp, pp, dp, sequence parallel, ZeRO stage, offload, schedule, virtual stages and the micro-batch
 size are fixed (a ``Config``), every remaining choice (how many layers each stage holds and how many of
 them recompute, selectively or fully) changes step time and memory *linearly* through this table.
-The evaluator (evaluate.py), the CP-SAT search and the brute-force search all read the same integers, so
-their objectives agree exactly; 1 ns and 1 byte of rounding is far below the model's accuracy.
+The evaluator (evaluate.py), the branch-and-bound search (through layout_terms.py) and the brute-force
+search all read the same integers, so their objectives agree exactly; 1 ns and 1 byte of rounding is far
+below the model's accuracy.
 
 Memory is compared as ``PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * capacity``
 so that the fragmentation reserve stays in integer arithmetic too.
@@ -104,8 +105,17 @@ class StageTable:
         c = self.config
         return build_schedule(c.schedule, c.pp, c.virtual_stages, c.num_microbatches)
 
+    @cached_property
+    def expressions(self) -> dict:
+        """stage_terms.py's expressions of this table, built on first use."""
+        return {}
+
     def stages_of(self, rank: int) -> list[int]:
-        return list(range(rank, self.num_stages, self.config.pp))
+        return self._stages_by_rank[rank]
+
+    @cached_property
+    def _stages_by_rank(self) -> list[list[int]]:
+        return [list(range(r, self.num_stages, self.config.pp)) for r in range(self.config.pp)]
 
     def last_backward_stage(self, rank: int) -> int:
         """The stage whose final backward ends the rank's list: the window DP reduction overlaps."""
@@ -114,6 +124,15 @@ class StageTable:
 
 def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
+
+
+def layer_times(layer: LayerCost, zero3_gather_s: float = 0.0) -> LayerTimes:
+    """Forward and backward of one layer with its TP collectives; ZeRO-3 prefetches the next layer's
+    weights during this layer's compute, so only the excess of the gather shows. Without a gather these
+    are the least times any configuration with this layer cost can have (the search's group bound)."""
+    fwd = layer.fwd_s + layer.tp_fwd_s + max(0.0, zero3_gather_s - layer.fwd_s)
+    bwd = layer.bwd_s + layer.tp_bwd_s + max(0.0, zero3_gather_s - layer.bwd_s)
+    return LayerTimes(_ns(fwd), _ns(bwd))
 
 
 def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, config: Config) -> StageTable:
@@ -133,11 +152,7 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
             fsdp = fsdp_layer(cluster, c, layer.params, weight_bytes, share.pipeline)
             return LayerTimes(_ns(layer.fwd_s * share.pipeline + layer.tp_fwd_s + fsdp.fwd_s),
                               _ns(layer.bwd_s * share.pipeline + layer.tp_bwd_s + fsdp.bwd_s))
-        # ZeRO-3 prefetches the next layer's weights during this layer's compute; only the excess shows
-        g = gather_s(layer)
-        fwd = layer.fwd_s + layer.tp_fwd_s + max(0.0, g - layer.fwd_s)
-        bwd = layer.bwd_s + layer.tp_bwd_s + max(0.0, g - layer.bwd_s)
-        return LayerTimes(_ns(fwd), _ns(bwd))
+        return layer_times(layer, gather_s(layer))
 
     sync_kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
 
@@ -178,9 +193,13 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
         action = cluster.device.pipeline_action_us * 1e-6 * share.pipeline
         action_fwd, action_bwd = action_fwd + action, action_bwd + action
     every_sync, tied_sync = step_sync_s(cluster, c, workload.tied_copy_params * weight_bytes)
-    rank_of_stage = [s % c.pp for s in range(c.num_stages)]
-    p2p = tuple(_ns(p2p_time_s(cluster, workload.output_bytes, _global_rank(c, rank_of_stage[s]),
-                               _global_rank(c, rank_of_stage[s + 1]))) for s in range(c.num_stages - 1))
+    # stage s runs on pipeline rank s % pp and sends to rank (s + 1) % pp, inside a node or across
+    per_node = cluster.devices_per_node
+    intra = _ns(p2p_time_s(cluster, workload.output_bytes, 0, 0))
+    inter = _ns(p2p_time_s(cluster, workload.output_bytes, 0, per_node))
+    hops = [intra if _global_rank(c, r) // per_node == _global_rank(c, (r + 1) % c.pp) // per_node else inter
+            for r in range(c.pp if c.num_stages > 1 else 0)]
+    p2p = tuple(hops[s % c.pp] for s in range(c.num_stages - 1))
     block = workload.block
     z3_buffer = 0
     if c.zero_stage == 3:  # the layer being computed and the one prefetched, unsharded

@@ -1,8 +1,9 @@
 """Stage durations, rank memory and end-of-step work as linear expressions in the layout variables.
 
 Layout variables, per stage s: ``("n", s)`` layers, ``("sel", s)`` of them selectively recomputed,
-``("full", s)`` fully recomputed. The evaluator substitutes numbers; the CP-SAT search substitutes its
-integer variables. Both therefore use the very same expressions, term for term.
+``("full", s)`` fully recomputed. The evaluator substitutes numbers. The search reads the same terms
+compiled to integers per rank (layout_terms.py), which tests check against these expressions layout by
+layout.
 """
 
 from __future__ import annotations
@@ -34,11 +35,26 @@ class Linear:
         return Linear({v: c * k for v, c in self.coefs.items()}, self.const * k)
 
 
+def _per_table(fn):
+    """Memoise an expression per (table, index): the evaluator asks for the same few thousands of times."""
+    def cached(t: StageTable, i: int):
+        key = (fn, i)
+        memo = t.expressions
+        if key not in memo:
+            memo[key] = fn(t, i)
+        return memo[key]
+
+    cached.__doc__, cached.__name__ = fn.__doc__, fn.__name__
+    return cached
+
+
+@_per_table
 def stage_fwd(t: StageTable, s: int) -> Linear:
     const = (t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == t.num_stages - 1 else 0) + t.action_fwd_ns
     return Linear({("n", s): t.block.fwd_ns}, const)
 
 
+@_per_table
 def stage_bwd(t: StageTable, s: int) -> Linear:
     const = (t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == t.num_stages - 1 else 0) + t.action_bwd_ns
     return Linear({("n", s): t.block.bwd_ns, ("sel", s): t.selective_extra_ns, ("full", s): t.full_extra_ns}, const)
@@ -50,11 +66,13 @@ def _per_rank(t: StageTable, rank: int, block: int, embedding: int, head: int) -
     return Linear({("n", s): block for s in stages}, const)
 
 
+@_per_table
 def rank_states(t: StageTable, rank: int) -> Linear:
     """Weights, gradients and optimizer state on the rank (bytes)."""
     return _per_rank(t, rank, t.block_state_bytes, t.embedding_state_bytes, t.head_state_bytes)
 
 
+@_per_table
 def stage_activations(t: StageTable, s: int) -> Linear:
     """Bytes one micro-batch leaves on stage s until its backward."""
     const = (t.embedding_act_bytes if s == 0 else 0) + (t.head_act_bytes if s == t.num_stages - 1 else 0)
@@ -63,12 +81,14 @@ def stage_activations(t: StageTable, s: int) -> Linear:
                    ("full", s): t.block_act_full_bytes - t.block_act_bytes}, const)
 
 
+@_per_table
 def rank_fixed_dynamic(t: StageTable, rank: int) -> int:
     """Working memory that does not depend on the layout: ZeRO-3 buffers, the loss's logits."""
     last = t.num_stages - 1 in t.stages_of(rank)
     return t.zero3_buffer_bytes + (t.logits_transient_bytes if last else 0)
 
 
+@_per_table
 def rank_sync(t: StageTable, rank: int) -> Linear:
     """Gradient reduction over dp (ns): all-reduce for ZeRO-0, reduce-scatter otherwise."""
     if t.config.dp == 1:
@@ -77,6 +97,7 @@ def rank_sync(t: StageTable, rank: int) -> Linear:
     return Linear(expr.coefs, expr.const + t.sync_latency_ns)
 
 
+@_per_table
 def rank_gather_and_step(t: StageTable, rank: int) -> Linear:
     """ZeRO-1/2 all-gather of updated weights plus the optimizer step (ns): after the reduction, never hidden;
     and the runtime's per-step small collectives (where the cluster prices them)."""

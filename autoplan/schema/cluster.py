@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_physical, require_range
 from autoplan.schema.hardware import DeviceProfile, Residual
+from autoplan.schema.limits import MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_NODES
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,7 @@ class Link:
     """Per-hop (alpha) latency of one ring step, microseconds."""
 
     def validate(self) -> None:
-        require(self.bandwidth_gb_per_s > 0, "bandwidth_gb_per_s", "must be positive")
-        require(self.latency_us >= 0, "latency_us", "must be >= 0")
+        require_physical(self)  # bandwidth in (0, 1e9] GB/s, latency in [0, 1e8] us
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,13 @@ class Cluster:
     """Measured collective points against their fits (``autoplan calibrate``)."""
 
     def validate(self) -> None:
-        require(self.devices_per_node >= 1, "devices_per_node", "must be at least 1")
-        require(self.num_nodes >= 1, "num_nodes", "must be at least 1")
-        require(self.collective_latency_us >= 0, "collective_latency_us", "must be >= 0")
+        require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
+        require_range(self, "devices_per_node", 1, MAX_DEVICES_PER_NODE)
+        require_range(self, "num_nodes", 1, MAX_NODES)
+        require(self.num_devices <= MAX_DEVICES, "num_nodes",
+                f"{self.num_nodes} x {self.devices_per_node} = {self.num_devices:,} devices; no cluster has more "
+                f"than {MAX_DEVICES:,}")
+        require_physical(self)  # collective_latency_us in [0, 1e8]
         require(self.cores_per_node >= 0, "cores_per_node", "must be >= 0 (0: devices do not share cores)")
 
     @property

@@ -39,7 +39,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_physical, require_range
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 """``fp8`` means the linear layers' GEMMs in fp8 with per-tensor scaling and everything else in bf16."""
@@ -54,6 +54,11 @@ class MatmulPoint:
     k: int
     dtype: Precision
     tflops: float
+
+    def validate(self) -> None:
+        for field in ("m", "n", "k"):
+            require_range(self, field, 1, 2**24)
+        require_range(self, "tflops", 0.0, 1e6, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -184,17 +189,13 @@ class DeviceProfile:
     """Microbenchmark points against the fitted fields (``autoplan calibrate``)."""
 
     def validate(self) -> None:
-        for field in ("memory_gib", "memory_bandwidth_gb_per_s", "peak_bf16_tflops", "peak_fp16_tflops",
-                      "peak_fp32_tflops", "host_link_gb_per_s", "host_adam_gparams_per_s"):
-            require(getattr(self, field) > 0, field, "must be positive")
-        for field in ("matmul_efficiency", "memory_efficiency"):
-            require(0 < getattr(self, field) <= 1, field, "must be in (0, 1]")
-        for field in ("fp8_matmul_efficiency", "flash_fwd_efficiency", "flash_bwd_efficiency"):
-            require(0 <= getattr(self, field) <= 1, field, "must be in [0, 1] (0: not measured)")
-        for field in ("matmul_half_size_gflop", "kernel_overhead_us", "peak_fp8_tflops",
-                      "fp8_matmul_half_size_gflop", "flash_half_seq_len", *HOST_FIELDS, "memory_baseline_gib",
-                      "optimizer_ns_per_param"):
-            require(getattr(self, field) >= 0, field, "must be >= 0")
+        require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
+        # every field with a unit suffix: peaks and bandwidths > 0, times >= 0, efficiencies in (0, 1];
+        # the fp8 and flash-attention fields may be 0 where the device has no such kernel or it was not measured
+        require_physical(self, zero_means_absent=("peak_fp8_tflops", "fp8_matmul_efficiency", "flash_fwd_efficiency",
+                                                  "flash_bwd_efficiency", "memory_baseline_gib"))
+        require(self.flash_half_seq_len >= 0, "flash_half_seq_len", "must be >= 0")
+        require(self.optimizer_ns_per_param >= 0, "optimizer_ns_per_param", "must be >= 0 (0: memory-bound step)")
         require(self.peak_fp8_tflops == 0 or self.fp8_matmul_efficiency > 0, "fp8_matmul_efficiency",
                 "a device with an fp8 peak needs its fp8 GEMM ceiling")
         require((self.flash_fwd_efficiency > 0) == (self.flash_bwd_efficiency > 0), "flash_bwd_efficiency",

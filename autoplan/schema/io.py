@@ -27,8 +27,8 @@ def resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
     if shipped.is_file():
         return shipped
     path = Path(text)
-    if path.is_file():
-        return path
+    if text and (path.exists() or path.is_symlink()):
+        return path  # read_yaml says precisely what is wrong with it (a folder, a device, not UTF-8, ...)
     names = ", ".join(shipped_names(kind))
     raise SpecError(f"{text}: no such file or shipped {kind[:-1] if kind != 'hardware' else 'device'} "
                     f"(shipped: {names})")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_range
+from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_PARAMS, MAX_SEQ_LEN, MAX_VOCAB_SIZE
 
 Architecture = Literal["gpt", "llama"]
 MEGATRON_VOCAB_DIVISOR = 128
@@ -53,15 +54,23 @@ class ModelSpec:
             object.__setattr__(self, "tie_embeddings", self.architecture == "gpt")
 
     def validate(self) -> None:
-        for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                      "num_kv_heads", "vocab_size", "seq_len"):
-            require(getattr(self, field) >= 1, field, "must be at least 1")
+        require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
+        for field, high in (("num_layers", MAX_LAYERS), ("hidden_size", MAX_HIDDEN_SIZE),
+                            ("ffn_hidden_size", 4 * MAX_HIDDEN_SIZE), ("num_attention_heads", MAX_HIDDEN_SIZE),
+                            ("num_kv_heads", MAX_HIDDEN_SIZE), ("vocab_size", MAX_VOCAB_SIZE),
+                            ("seq_len", MAX_SEQ_LEN)):
+            require_range(self, field, 1, high)
         require(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
                 f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
         require(self.num_attention_heads % self.num_kv_heads == 0, "num_kv_heads",
                 f"{self.num_kv_heads} must divide num_attention_heads={self.num_attention_heads}")
         require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
-        require(self.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by", "must be at least 1")
+        require_range(self, "make_vocab_size_divisible_by", 1, 2**16)
+        require(1.0 < self.rope_theta <= 1e12, "rope_theta",
+                f"{self.rope_theta} must be in (1, 1e12]: the RoPE base (10000 or 500000 in published models)")
+        require(0.0 < self.norm_eps < 1.0, "norm_eps", f"{self.norm_eps} must be in (0, 1) (1e-5 or 1e-6 usually)")
+        require(self.total_params() <= MAX_PARAMS, "num_layers",
+                f"the model would have {self.total_params():.3g} parameters, more than {MAX_PARAMS:.0e}")
         if self.architecture == "gpt":
             require(self.num_kv_heads == self.num_attention_heads, "num_kv_heads",
                     "gpt uses multi-head attention; set num_kv_heads equal to num_attention_heads")

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_range
 from autoplan.schema.cluster import Cluster
+from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_LAYERS
 from autoplan.schema.model import ModelSpec
 from autoplan.schema.training import TrainingSetup
 
@@ -50,28 +51,56 @@ class Stage:
         return "selective" if layer in self.selective_recompute else "none"
 
 
+def dimension(help: str, *, flag: str | None = None, choices: tuple | None = None, estimate_needs: bool = False,
+              pinnable: bool = True) -> Any:
+    """A parallel dimension of ``ParallelConfig`` and what the command line and the search need to know of it.
+
+    ``help`` is the flag's help text, ``flag`` the option name when it is not the field's name with dashes,
+    ``choices`` the allowed values (bool fields become ``--x/--no-x``), ``estimate_needs`` marks the fields
+    ``autoplan estimate`` cannot default, and ``pinnable`` is False for a field that follows from the others
+    (``Pins``, the plan and estimate flags and ``Layout`` are all derived from these fields: a new dimension
+    is one new field here, plus its cost-model terms and its loop in search/space.py).
+    """
+    return dataclasses.field(metadata={"help": help, "flag": flag, "choices": choices,
+                                       "estimate_needs": estimate_needs, "pinnable": pinnable})
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
-    """A layout without its stages: what the search enumerates before it places layers and recomputation."""
+    """A layout without its stages: what the search enumerates before it places layers and recomputation.
 
-    tp: int
-    pp: int
-    dp: int
-    sequence_parallel: bool
-    zero_stage: int
+    The one list of parallel dimensions: ``parallel_dimensions()`` below, ``Pins`` (search/space.py), the
+    flags of ``autoplan plan`` and ``autoplan estimate`` (cli/common.py) and ``Layout`` derive from it.
+    """
+
+    tp: int = dimension("tensor-parallel size (divides the devices per node and the model's heads)",
+                        estimate_needs=True)
+    pp: int = dimension("pipeline-parallel ranks", estimate_needs=True)
+    dp: int = dimension("data-parallel replicas (default: the devices left over by tp x pp)")
+    sequence_parallel: bool = dimension("split norms and dropout along the sequence within the TP group "
+                                        "(Korthikanti et al. 2022; needs tp > 1)")
+    zero_stage: int = dimension("0: replicated data parallelism; 1: optimizer state sharded; 2: + gradients; "
+                                "3: + parameters (FSDP)", choices=(0, 1, 2, 3), estimate_needs=True)
     """0: replicated DP; 1: optimizer state sharded; 2: + gradients; 3: + parameters (FSDP)."""
-    offload_optimizer: bool
+    offload_optimizer: bool = dimension("optimizer state and step on the host CPU (needs zero stage >= 1)",
+                                        flag="offload")
     """Optimizer state and step on the host CPU (ZeRO-Offload / FSDP CPUOffloadPolicy)."""
-    schedule: ScheduleKind
-    virtual_stages: int
+    schedule: ScheduleKind = dimension("pipeline schedule", choices=get_args(ScheduleKind), estimate_needs=True)
+    virtual_stages: int = dimension("stages per pipeline rank (interleaved; 1 for gpipe and 1f1b)")
     """Stages per pipeline rank; 1 for gpipe and 1f1b, at least 2 for interleaved."""
-    micro_batch_size: int
-    num_microbatches: int
+    micro_batch_size: int = dimension("sequences per micro-batch", estimate_needs=True)
+    num_microbatches: int = dimension("micro-batches per step per replica: global batch / (dp x micro-batch size)",
+                                      pinnable=False)
     """Micro-batches per optimizer step on each data-parallel replica."""
 
     @property
     def num_stages(self) -> int:
         return self.pp * self.virtual_stages
+
+
+def parallel_dimensions() -> tuple[dataclasses.Field, ...]:
+    """The fields of ``ParallelConfig``, in order, with their ``dimension`` metadata."""
+    return dataclasses.fields(ParallelConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +114,12 @@ class Layout(ParallelConfig):
         return self.tp * self.pp * self.dp
 
     def validate(self) -> None:
-        for name in ("tp", "pp", "dp", "virtual_stages", "micro_batch_size", "num_microbatches"):
-            require(getattr(self, name) >= 1, name, "must be at least 1")
+        for name, high in (("tp", MAX_DEVICES_PER_NODE), ("pp", MAX_LAYERS), ("dp", MAX_DEVICES),
+                           ("virtual_stages", MAX_LAYERS), ("micro_batch_size", MAX_BATCH_SIZE),
+                           ("num_microbatches", MAX_BATCH_SIZE)):
+            require_range(self, name, 1, high)
+        require(self.world_size <= MAX_DEVICES, "dp",
+                f"tp * pp * dp = {self.world_size:,} devices; no cluster has more than {MAX_DEVICES:,}")
         require(self.zero_stage in (0, 1, 2, 3), "zero_stage", f"{self.zero_stage} is not 0, 1, 2 or 3")
         require(not (self.sequence_parallel and self.tp == 1), "sequence_parallel",
                 "needs tp > 1 (sequence parallel splits the norms across the TP group)")
@@ -206,10 +239,20 @@ class Predicted:
     head keeps a copy). Exact, so ``autoplan run --dry-run`` can compare it with what the runtime builds;
     empty in plans written before the field existed."""
 
+    def validate(self) -> None:
+        # what the runtime and `show` divide by or compare with; the breakdowns are only printed
+        require(self.step_time_s > 0, "step_time_s", "must be positive")
+        for name in ("tokens_per_s", "tflops_per_gpu", "mfu", "hardware_tflops_per_gpu", "hfu", "peak_memory_gib",
+                     "capacity_gib"):
+            require(getattr(self, name) >= 0, name, "must be >= 0")
+        require(all(m >= 0 for m in self.memory_gib_per_stage), "memory_gib_per_stage", "must be >= 0")
+
 
 @dataclass(frozen=True)
 class SolverInfo:
-    name: Literal["cpsat", "bruteforce", "given"]
+    name: Literal["bnb", "bruteforce", "given", "cpsat"]
+    """bnb: the branch-and-bound search; bruteforce: exhaustive; given: autoplan estimate; cpsat: the name plan
+    files written before the search was renamed carry."""
     status: str
     """OPTIMAL when the plan is proven best under the cost model; FEASIBLE when a time limit cut the proof."""
     objective: float
@@ -217,6 +260,10 @@ class SolverInfo:
     wall_s: float
     candidates: int = 0
     """Configurations (tp, pp, dp, zero, schedule, micro-batch, ...) considered before pruning."""
+
+    def validate(self) -> None:
+        require(self.wall_s >= 0, "wall_s", "must be >= 0")
+        require(self.candidates >= 0, "candidates", "must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)

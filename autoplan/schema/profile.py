@@ -23,7 +23,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import dump_yaml, load_yaml, read_yaml, require
+from autoplan.schema._io import dump_yaml, load_yaml, read_yaml, require, require_physical, require_range
+from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES_PER_NODE, MAX_HIDDEN_SIZE, MAX_PARAMS, MAX_SEQ_LEN
 
 PROFILE_VERSION = 2
 ProfileDtype = Literal["bf16", "fp16", "fp32"]
@@ -84,6 +85,11 @@ class TpShard:
     elementwise_bytes: int = 0
     elementwise_kernels: int = 0
 
+    def validate(self) -> None:
+        require_range(self, "tp", 1, MAX_DEVICES_PER_NODE)
+        require_range(self, "params", 0, MAX_PARAMS)
+        require_physical(self)  # flops, bytes and times >= 0
+
 
 @dataclass(frozen=True)
 class LayerMeasurement:
@@ -112,9 +118,8 @@ class LayerMeasurement:
         return next((s for s in self.tp_shards if s.tp == tp), None)
 
     def validate(self) -> None:
-        require(self.micro_batch_size >= 1, "micro_batch_size", "must be at least 1")
-        for field in ("fwd_flops", "saved_activation_bytes", "output_bytes"):
-            require(getattr(self, field) >= 0, field, "must be >= 0")
+        require_range(self, "micro_batch_size", 1, MAX_BATCH_SIZE)
+        require_physical(self)  # flops, bytes and times >= 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,10 @@ class LayerProfile:
     tp_splits: tuple[TpSplit, ...]
     measurements: tuple[LayerMeasurement, ...]
     """One per micro-batch size of the profile, in the same order."""
+
+    def validate(self) -> None:
+        require_range(self, "params", 0, MAX_PARAMS)
+        require_range(self, "param_bytes", 0, 16 * MAX_PARAMS)
 
     def measurement(self, micro_batch_size: int) -> LayerMeasurement:
         for m in self.measurements:
@@ -165,7 +174,16 @@ class ModelProfile:
     def validate(self) -> None:
         require(self.version == PROFILE_VERSION, "version", f"expected {PROFILE_VERSION}; re-run autoplan profile")
         require(len(self.micro_batch_sizes) >= 1, "micro_batch_sizes", "profile at least one micro-batch size")
-        require(all(t >= 1 for t in self.tp_sizes), "tp_sizes", "must be at least 1")
+        require(all(1 <= b <= MAX_BATCH_SIZE for b in self.micro_batch_sizes), "micro_batch_sizes",
+                f"each must be in [1, {MAX_BATCH_SIZE}]")
+        require(len(set(self.micro_batch_sizes)) == len(self.micro_batch_sizes), "micro_batch_sizes",
+                "must be distinct")
+        require(all(1 <= t <= MAX_DEVICES_PER_NODE for t in self.tp_sizes), "tp_sizes",
+                f"each must be in [1, {MAX_DEVICES_PER_NODE}]")
+        require_range(self, "seq_len", 1, MAX_SEQ_LEN)
+        require_range(self, "hidden_size", 1, MAX_HIDDEN_SIZE)
+        require_range(self, "total_params", 0, MAX_PARAMS)
+        require_range(self, "tied_params", 0, MAX_PARAMS)
         require(len(self.layers) >= 1, "layers", "a profile needs at least one layer")
         require(sum(layer.params for layer in self.layers) == self.total_params, "total_params",
                 "must equal the sum of the layers' params")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
+from autoplan.schema._io import require, require_range
 from autoplan.schema.hardware import Precision
+from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_LEARNING_RATE, MAX_SEED, MAX_SEQ_LEN, MAX_STEPS
 
 
 @dataclass(frozen=True)
@@ -53,16 +54,21 @@ class TrainingSetup:
     seed: int = 0
 
     def validate(self) -> None:
-        require(self.global_batch_size >= 1, "global_batch_size", "must be at least 1")
-        require(self.seq_len >= 1, "seq_len", "must be at least 1")
+        # floats are finite (checked on load for every float field); here: the ranges that make sense
+        require_range(self, "global_batch_size", 1, MAX_BATCH_SIZE)
+        require_range(self, "seq_len", 1, MAX_SEQ_LEN)
         require(0 <= self.memory_margin < 1, "memory_margin", "must be in [0, 1)")
-        require(self.learning_rate > 0, "learning_rate", "must be positive")
-        require(self.warmup_steps >= 0 and self.decay_steps >= 1, "warmup_steps", "need warmup >= 0, decay >= 1")
-        require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 disables clipping)")
-        require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        require_range(self, "learning_rate", 0.0, MAX_LEARNING_RATE, low_open=True)
+        require(0 <= self.min_learning_rate <= self.learning_rate, "min_learning_rate",
+                f"{self.min_learning_rate} must be in [0, learning_rate = {self.learning_rate}]")
+        require_range(self, "warmup_steps", 0, MAX_STEPS)
+        require_range(self, "decay_steps", 1, MAX_STEPS)
+        require_range(self, "weight_decay", 0.0, 10.0)
+        require_range(self, "grad_clip", 0.0, 1e6)  # 0 disables clipping
+        require_range(self, "seed", 0, MAX_SEED)
         require(len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas), "adam_betas",
                 "needs two values in [0, 1), e.g. [0.9, 0.95]")
-        require(self.adam_eps > 0, "adam_eps", "must be positive, e.g. 1e-8")
+        require_range(self, "adam_eps", 0.0, 1.0, low_open=True)
         require(0 <= self.sgd_momentum < 1, "sgd_momentum", "must be in [0, 1)")
 
     @property

@@ -1,38 +1,53 @@
-"""Find the fastest plan that fits: enumerate configurations, bound, solve the stage problems, choose.
+"""Find the fastest plans that fit: a best-first branch-and-bound over the search space.
 
 Two solvers over the same space (search/space.py) and the same cost model:
 
-* ``cpsat``: configurations are visited in order of their lower bound (search/bounds.py) and skipped
-  once the bound reaches the K-th best step time found; each visited configuration gets its cheapest
-  fitting recomputation per rank (search/recompute.py, CP-SAT where the choice is combinatorial) for every
-  stage split, simulated; CP-SAT then chooses among the evaluated candidates. The result is OPTIMAL under
-  the cost model over this space: every sub-problem is solved to optimality, and pruning only removes what
-  provably cannot win.
-* ``bruteforce``: every configuration, every split, every per-stage recomputation choice, simulated.
-  Slow, and meant for checking the first on small problems (tests/test_search_agrees.py).
+* ``bnb``: a best-first branch-and-bound. The nodes are, from the top, groups of configurations (tp, pp,
+  dp, sequence parallel, micro-batch size), configurations (+ ZeRO stage, offload, schedule), stage splits
+  and stage layouts (+ per-rank recomputation); each carries a lower bound on the step time of everything
+  below it (search/bounds.py). The node with the least bound is expanded first; a layout is simulated
+  only when its bound is below the K-th best configuration found so far, and the search stops when the
+  least bound left exceeds it. Per-rank recomputation is an integer program solved exactly (closed form,
+  enumeration, or CP-SAT: search/recompute.py). The result is OPTIMAL under the cost model over this
+  space: every sub-problem is solved to optimality and pruning only removes what provably cannot be
+  among the K best. With a time limit the search stops early and says FEASIBLE, with the proven bound.
+* ``bruteforce``: every configuration, every split, every per-stage recomputation choice, evaluated with
+  evaluate.py alone. Slow, and meant for checking the first on small problems (tests/planner).
+
+Both rank the best layout of each configuration by step time, then less peak memory, then simpler
+parallelism; within one configuration the earlier split (search/space.py's order) wins a tie.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import heapq
 import itertools
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from ortools.sat.python import cp_model
-
 from autoplan.cost.estimate import WorkloadFn
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate
-from autoplan.cost.simulate import inflight_peaks
+from autoplan.cost.layout_terms import LayoutTerms
 from autoplan.cost.stage_table import Config, StageTable, build_table
 from autoplan.cost.workload import Workload
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup
-from autoplan.search.bounds import states_fit, step_lower_bound_ns
-from autoplan.search.recompute import cheapest_recompute, stage_choices
-from autoplan.search.space import Pins, SearchLimits, configs, stage_splits
+from autoplan.search.bounds import (
+    config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns,
+    layout_lower_bound_ns, simulated_lower_bound_ns, split_lower_bound_ns, states_fit,
+)
+from autoplan.search.recompute import cheapest_recompute, forced_recompute, stage_choices
+from autoplan.search.space import (
+    Group, Pins, SearchLimits, check_size, group_choices, group_configs, groups, num_layers_of, stage_splits,
+)
 
-Solver = Literal["cpsat", "bruteforce"]
+Solver = Literal["bnb", "bruteforce"]
+Progress = Callable[[str, bool], None]
+"""Called with a status line every ``PROGRESS_INTERVAL_S`` and, if it was called at all, once at the end
+(second argument True) with the totals."""
+PROGRESS_INTERVAL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -53,105 +68,294 @@ class SearchResult:
     ranked: tuple[Candidate, ...]
     """The best plan of each of the best configurations, fastest first (at most top_k)."""
     status: str
-    """OPTIMAL, or INFEASIBLE when nothing fits; a CP-SAT sub-problem that is not solved to optimality raises
-    instead of weakening the claim."""
+    """OPTIMAL; FEASIBLE when the time limit stopped the search after it found a plan; INFEASIBLE when
+    nothing fits; UNKNOWN when the time limit came before any plan. A CP-SAT sub-problem that is not
+    solved to optimality raises instead of weakening the claim."""
     wall_s: float
     considered: int
-    """Configurations enumerated."""
+    """Configurations in the search space."""
     evaluated: int
-    """Configurations whose stage problems were solved (the rest were pruned by bounds)."""
+    """Configurations with at least one layout simulated (the rest were pruned by bounds)."""
+    bounded: int = 0
+    """Configurations whose own bound was computed (the rest were pruned with their whole group)."""
+    simulated: int = 0
+    """Stage layouts simulated."""
+    bound_ns: int = 0
+    """Proven lower bound on the best step time (equal to it when OPTIMAL)."""
 
     @property
     def best(self) -> Candidate | None:
         return self.ranked[0] if self.ranked else None
 
 
+@dataclass
+class _ConfigState:
+    """One configuration being searched: its tables, its splits and its best layout so far."""
+
+    table: StageTable
+    workload: Workload
+    splits: list[tuple[int, ...]]
+    terms: LayoutTerms | None = None
+    memo: dict | None = None
+    best: tuple[int, int, tuple[StageShape, ...]] | None = None
+    """(step ns, split index, shapes) of the best layout so far."""
+
+
+_GROUP, _CONFIG, _CONFIG_SIMULATED, _SPLITS, _SPLIT, _SPLIT_SIMULATED, _LAYOUT = range(7)
+
+
 def search(model: ModelSpec, workload_fn: WorkloadFn, cluster: Cluster, training: TrainingSetup, pins: Pins,
-           solver: Solver = "cpsat", top_k: int = 5, limits: SearchLimits = SearchLimits(),
-           progress: Callable[[str], None] | None = None) -> SearchResult:
-    t0 = time.perf_counter()
-    workloads: dict[tuple[int, int, bool], Workload] = {}
-    tables = []
-    for config in configs(model, cluster, training, pins, limits):
-        key = (config.micro_batch_size, config.tp, config.sequence_parallel)
-        if key not in workloads:
-            workloads[key] = workload_fn(*key)
-        table = build_table(workloads[key], cluster, training, config)
-        if states_fit(table):
-            splits = stage_splits(table.num_layers, table.num_stages, limits.max_edge_trim)
-            bound = step_lower_bound_ns(table, min(min(split) for split in splits))
-            tables.append((bound, len(tables), table, workloads[key]))
-    considered = len(tables)
-    tables.sort(key=lambda item: item[:2])
-    best_per_config: list[Candidate] = []
-    evaluated = 0
-    for i, (bound, _, table, workload) in enumerate(tables):
-        if solver == "cpsat" and len(best_per_config) >= top_k:
-            kth = sorted(c.step_ns for c in best_per_config)[top_k - 1]
-            if bound >= kth:
+           solver: Solver = "bnb", top_k: int = 5, limits: SearchLimits = SearchLimits(),
+           progress: Progress | None = None, time_limit_s: float | None = None,
+           first_fit: bool = False) -> SearchResult:
+    """``time_limit_s``: stop then with the best plans so far (FEASIBLE); ``first_fit``: stop at the first
+    layout that fits (FEASIBLE), to learn whether anything fits."""
+    check_size(model, cluster, training)
+    run = _Run(model, workload_fn, cluster, training, pins, limits, top_k, progress, time_limit_s, first_fit)
+    return run.bruteforce() if solver == "bruteforce" else run.branch_and_bound()
+
+
+class _Run:
+    def __init__(self, model, workload_fn: WorkloadFn, cluster: Cluster, training: TrainingSetup, pins: Pins,
+                 limits: SearchLimits, top_k: int, progress: Progress | None, time_limit_s: float | None,
+                 first_fit: bool):
+        self.model, self.workload_fn, self.cluster, self.training = model, workload_fn, cluster, training
+        self.pins, self.limits, self.top_k = pins, limits, max(1, top_k)
+        self.progress, self.time_limit_s, self.first_fit = progress, time_limit_s, first_fit
+        self.num_layers = num_layers_of(model)
+        self.t0 = time.perf_counter()
+        self.next_report = self.t0 + PROGRESS_INTERVAL_S
+        self.reported = False
+        self.workloads: dict[tuple[int, int, bool], Workload] = {}
+        self.states: list[_ConfigState] = []
+        self.considered = self.bounded = self.simulated = 0
+
+    def workload(self, group: Group) -> Workload:
+        key = (group.micro_batch_size, group.tp, group.sequence_parallel)
+        if key not in self.workloads:
+            self.workloads[key] = self.workload_fn(*key)
+        return self.workloads[key]
+
+    def splits(self, config: Config) -> list[tuple[int, ...]]:
+        return _splits(self.num_layers, config.num_stages, self.limits.max_edge_trim)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def report(self, message: Callable[[], str], final: bool = False) -> None:
+        if self.progress is None:
+            return
+        now = time.perf_counter()
+        if final:
+            if self.reported:
+                self.progress(message(), True)
+        elif now >= self.next_report:
+            self.progress(message(), False)
+            self.reported = True
+            self.next_report = now + PROGRESS_INTERVAL_S
+
+    # ---------------------------------------------------------------------------------------------------
+
+    def branch_and_bound(self) -> SearchResult:
+        """Best first: the node with the least bound next. Under a time limit, once a quarter of it has gone
+        with no plan found, the search dives (deepest node first) until it has one, then goes back to
+        best first: the plan a time limit returns is then rarely missing, and the bound stays proven."""
+        heap: list = []
+        order = itertools.count()
+        diving = False
+
+        def priority(key: int, kind: int):
+            return (-kind, key) if diving else key
+
+        def push(key: int, kind: int, item) -> None:
+            heapq.heappush(heap, (priority(key, kind), next(order), key, kind, item))
+
+        def reorder() -> None:
+            heap[:] = [(priority(e[2], e[3]), *e[1:]) for e in heap]
+            heapq.heapify(heap)
+        for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
+            states, schedules = group_choices(group, self.cluster, self.pins, self.num_layers, self.limits)
+            if not states or not schedules:
+                continue
+            self.considered += len(states) * len(schedules)
+            trim = self.limits.max_edge_trim
+            shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, trim)))
+                      for _, v in schedules}
+            workload = self.workload(group)
+            if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp, states,
+                                 min(least for _, least in shapes)):
+                continue
+            key = group_lower_bound_ns(workload, group.pp, group.num_microbatches, sorted(shapes))
+            push(key, _GROUP, group)
+        kth = float("inf")  # the K-th best configuration's step time so far
+        stopped_at: int | None = None
+        key = 0
+
+        def line() -> str:
+            found = [s.best[0] for s in self.states if s.best]
+            best = f"best {min(found) * 1e-9:.3f} s" if found else "nothing fits yet"
+            return (f"searching: {self.bounded}/{self.considered} configurations bounded, {self.simulated} layouts "
+                    f"simulated, {best}, bound {key * 1e-9:.3f} s, {self.elapsed():.1f} s")
+
+        while heap:
+            _, _, key, kind, item = heapq.heappop(heap)
+            if key > kth:
+                if diving:
+                    continue
                 break
-        evaluated += 1
-        if progress and i % 50 == 0:
-            progress(f"searching: {i}/{considered} configurations, {time.perf_counter() - t0:.1f} s")
-        found = _best_layout(table, pins, solver, limits)
-        if found is not None:
-            shapes, evaluation = found
-            best_per_config.append(Candidate(table.config, shapes, workload, table, evaluation))
-    ranked = _choose(best_per_config, top_k, solver)
-    status = "OPTIMAL" if ranked else "INFEASIBLE"
-    return SearchResult(tuple(ranked), status, time.perf_counter() - t0, considered, evaluated)
-
-
-def _best_layout(table: StageTable, pins: Pins, solver: Solver,
-                 limits: SearchLimits) -> tuple[tuple[StageShape, ...], Evaluation] | None:
-    best: tuple[tuple[StageShape, ...], Evaluation] | None = None
-    peaks = inflight_peaks(table.orders)
-    memo: dict = {}
-    for split in stage_splits(table.num_layers, table.num_stages, limits.max_edge_trim):
-        if solver == "cpsat":
-            shapes = cheapest_recompute(table, split, pins.recompute, "auto", peaks, memo)
-            options = [shapes] if shapes is not None else []
+            if self.time_limit_s is not None:
+                elapsed = self.elapsed()
+                if elapsed > self.time_limit_s:
+                    stopped_at = min([key] + [e[2] for e in heap])
+                    break
+                should_dive = not self.states and elapsed > self.time_limit_s / 4
+                if should_dive != diving:
+                    diving = should_dive
+                    reorder()
+            self.report(line)
+            if kind == _GROUP:
+                workload = self.workload(item)
+                for config in group_configs(item, self.cluster, self.pins, self.num_layers, self.limits):
+                    table = build_table(workload, self.cluster, self.training, config)
+                    self.bounded += 1
+                    if not states_fit(table):
+                        continue
+                    splits = self.splits(config)
+                    bound = config_lower_bound_ns(table, min(min(split) for split in splits))
+                    state = _ConfigState(table, workload, splits)
+                    push(max(key, bound), _CONFIG, state)
+            elif kind == _CONFIG:  # the schedule's lists, and one bound for all the splits
+                item.terms, item.memo = LayoutTerms(item.table), {}
+                bound = family_lower_bound_ns(item.terms, item.splits, self.pins.recompute)
+                if bound is not None and bound <= kth:
+                    push(max(key, bound), _CONFIG_SIMULATED, item)
+            elif kind == _CONFIG_SIMULATED:  # dearer: the schedule simulated with the family's fewest layers
+                bound = simulated_lower_bound_ns(item.terms, *family_range(item.splits))
+                if bound <= kth:
+                    push(max(key, bound), _SPLITS, item)
+            elif kind == _SPLITS:
+                for index, split in enumerate(item.splits):
+                    bound = split_lower_bound_ns(item.terms, split, self.pins.recompute)
+                    if bound is not None and bound <= kth:
+                        push(max(key, bound), _SPLIT, (item, index, split))
+            elif kind == _SPLIT:  # a choice that needs no solving is simulated at once; else bound by simulation
+                state, index, split = item
+                if _cannot_improve(state, key, index):
+                    continue
+                shapes = forced_recompute(state.terms, split, self.pins.recompute)
+                if shapes is None:
+                    bound = simulated_lower_bound_ns(state.terms, split, split)
+                    push(max(key, bound), _SPLIT_SIMULATED, item)
+                    continue
+                kth = self.record(state, index, shapes, kth)
+                if self.first_fit:
+                    stopped_at = min([key] + [e[2] for e in heap])
+                    break
+            elif kind == _SPLIT_SIMULATED:
+                state, index, split = item
+                if _cannot_improve(state, key, index):
+                    continue
+                shapes = cheapest_recompute(state.table, split, self.pins.recompute, "auto", state.terms, state.memo)
+                if shapes is not None:
+                    bound = max(key, layout_lower_bound_ns(state.terms, shapes))
+                    push(bound, _LAYOUT, (state, index, shapes))
+            else:
+                state, index, shapes = item
+                if _cannot_improve(state, key, index):
+                    continue
+                kth = self.record(state, index, shapes, kth)
+                if self.first_fit:
+                    stopped_at = min([key] + [e[2] for e in heap])
+                    break
+        ranked = self.rank()
+        if stopped_at is not None:
+            status = "FEASIBLE" if ranked else "UNKNOWN"
+            bound_ns = min(stopped_at, ranked[0].step_ns) if ranked else stopped_at
         else:
-            options = _every_recompute_choice(split, pins)
-        for shapes in options:
-            evaluation = evaluate(table, shapes)
-            if evaluation.fits and (best is None or evaluation.step_ns < best[1].step_ns):
-                best = (shapes, evaluation)
-    return best
+            status = "OPTIMAL" if ranked else "INFEASIBLE"
+            bound_ns = ranked[0].step_ns if ranked else 0
+        self.report(lambda: self.summary(status), final=True)
+        return SearchResult(tuple(ranked), status, self.elapsed(), self.considered, len(self.states),
+                            self.bounded, self.simulated, bound_ns)
+
+    def record(self, state: _ConfigState, index: int, shapes: tuple[StageShape, ...], kth: float) -> float:
+        """Simulate one layout, keep it if it is its configuration's best; the new K-th best step time."""
+        step, _ = state.terms.step_ns([s.layers for s in shapes], [s.selective for s in shapes],
+                                      [s.full for s in shapes])
+        self.simulated += 1
+        if state.best is None:
+            self.states.append(state)
+        elif (step, index) >= state.best[:2]:
+            return kth
+        state.best = (step, index, shapes)
+        steps = sorted(s.best[0] for s in self.states)
+        return steps[self.top_k - 1] if len(steps) >= self.top_k else float("inf")
+
+    def summary(self, status: str) -> str:
+        return (f"searched: {status}, {self.considered} configurations, {self.bounded} bounded, "
+                f"{len(self.states)} with layouts simulated ({self.simulated} layouts), {self.elapsed():.1f} s")
+
+    # ---------------------------------------------------------------------------------------------------
+
+    def bruteforce(self) -> SearchResult:
+        for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
+            workload = self.workload(group)
+            for config in group_configs(group, self.cluster, self.pins, self.num_layers, self.limits):
+                self.considered += 1
+                self.bounded += 1
+                table = build_table(workload, self.cluster, self.training, config)
+                state = _ConfigState(table, workload, self.splits(config))
+                for index, split in enumerate(state.splits):
+                    per_stage = [[StageShape(n, sel, full) for sel, full in stage_choices(n, self.pins.recompute)]
+                                 for n in split]
+                    for shapes in itertools.product(*per_stage):
+                        evaluation = evaluate(table, shapes)
+                        self.simulated += 1
+                        if evaluation.fits and (state.best is None or evaluation.step_ns < state.best[0]):
+                            state.best = (evaluation.step_ns, index, shapes)
+                if state.best is not None:
+                    self.states.append(state)
+                self.report(lambda: f"brute force: {self.considered} configurations, {self.simulated} layouts, "
+                                    f"{self.elapsed():.1f} s")
+        ranked = self.rank()
+        status = "OPTIMAL" if ranked else "INFEASIBLE"
+        self.report(lambda: self.summary(status), final=True)
+        return SearchResult(tuple(ranked), status, self.elapsed(), self.considered, len(self.states),
+                            self.bounded, self.simulated, ranked[0].step_ns if ranked else 0)
+
+    def rank(self) -> list[Candidate]:
+        """The K best configurations (all those tied with the K-th), each evaluated in full by evaluate.py,
+        ordered by step time and then ``_tiebreak``."""
+        found = sorted((s for s in self.states if s.best), key=lambda s: s.best[0])
+        if not found:
+            return []
+        kth = found[min(self.top_k, len(found)) - 1].best[0]
+        candidates = []
+        for state in found:
+            if state.best[0] > kth:
+                break
+            step, _, shapes = state.best
+            evaluation = evaluate(state.table, shapes)
+            if evaluation.step_ns != step or not evaluation.fits:
+                raise RuntimeError(f"search and evaluate disagree on {state.table.config}: {step} vs "
+                                   f"{evaluation.step_ns} ns, fits={evaluation.fits}")
+            candidates.append(Candidate(state.table.config, shapes, state.workload, state.table, evaluation))
+        candidates.sort(key=lambda c: (c.step_ns, _tiebreak(c)))
+        return candidates[:self.top_k]
 
 
-def _every_recompute_choice(split: tuple[int, ...], pins: Pins):
-    per_stage = [[StageShape(n, sel, full) for sel, full in stage_choices(n, pins.recompute)] for n in split]
-    return itertools.product(*per_stage)
+@functools.lru_cache(maxsize=1024)
+def _splits(num_layers: int, num_stages: int, max_edge_trim: int) -> list[tuple[int, ...]]:
+    return stage_splits(num_layers, num_stages, max_edge_trim)
 
 
-def _choose(candidates: list[Candidate], top_k: int, solver: Solver) -> list[Candidate]:
-    """Rank the evaluated candidates. With cpsat the winner is chosen by CP-SAT (one Boolean per candidate,
-    exactly one chosen, minimum step time); the rest of the table is sorted."""
-    ordered = sorted(candidates, key=lambda c: (c.step_ns, _tiebreak(c)))
-    if solver != "cpsat" or not ordered:
-        return ordered[:top_k]
-    model = cp_model.CpModel()
-    pick = [model.NewBoolVar(f"c{i}") for i in range(len(ordered))]
-    model.AddExactlyOne(pick)
-    model.Minimize(sum(c.step_ns * x for c, x in zip(ordered, pick)))
-    cp = cp_model.CpSolver()
-    cp.parameters.num_workers = 1
-    if cp.Solve(model) != cp_model.OPTIMAL:
-        raise RuntimeError("CP-SAT failed on the final choice")
-    chosen = next(i for i, x in enumerate(pick) if cp.Value(x))
-    winner = ordered[chosen]
-    rest = [c for i, c in enumerate(ordered) if i != chosen]
-    return [winner, *rest][:top_k]
+def _cannot_improve(state: _ConfigState, bound: int, index: int) -> bool:
+    """The configuration already has a layout at least as good as anything this node can give."""
+    return state.best is not None and (bound, index) > state.best[:2]
 
 
 def _tiebreak(c: Candidate) -> tuple:
-    """Among equally fast plans prefer less memory, then simpler parallelism."""
+    """Among equally fast plans prefer less memory, then simpler parallelism, then the order of the fields."""
     peak = max(m.total_bytes for m in c.evaluation.memory.values())
     k = c.config
-    return (peak, k.pp, k.tp, k.zero_stage, k.offload_optimizer, k.virtual_stages)
-
-
-def stderr_progress(message: str) -> None:
-    if sys.stderr.isatty():
-        print(f"\r{message}", end="", file=sys.stderr, flush=True)
+    return (peak, k.pp, k.tp, k.zero_stage, k.offload_optimizer, k.virtual_stages, dataclasses.astuple(k))

@@ -6,31 +6,40 @@ duration grows). So for one stage per rank (gpipe, 1f1b) the rank-by-rank cheape
 the optimum of the whole step; for interleaved ranks, each with several stages, it minimises the rank's
 own added backward time, which is the search space's rule (search/space.py).
 
-Two interchangeable solvers of that small integer program: ``enumerate`` tries every choice, CP-SAT
-(``cpsat``) handles the combinatorial case of several stages per rank with many layers each. Both return
-the same optimum (tests/test_search_agrees.py).
+Per rank this is a small integer program: choose (selective, full) counts per stage, minimise
+sum(selective) x selective_extra + sum(full) x full_extra, subject to one linear memory constraint per
+peak of the rank (inflight_peaks). Solved exactly by
+
+* a closed form for one stage per rank: for each count of fully recomputed layers, the fewest selective
+  ones that fit follow from the (integer) constraint by one ceiling division;
+* trying every choice when there are at most ``ENUMERATION_LIMIT`` of them;
+* CP-SAT otherwise (several stages per rank with many layers each).
+
+The three agree with exhaustive enumeration (tests/planner/test_search_agrees.py). ``lower_bound_ns`` is
+the linear-programming relaxation of the same program, which the search's bounds use without solving it.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Literal
 
-from ortools.sat.python import cp_model
-
-from autoplan.cost.evaluate import StageShape, fits_in, rank_memory
-from autoplan.cost.simulate import inflight_peaks
+from autoplan.cost.evaluate import StageShape
+from autoplan.cost.layout_terms import LayoutTerms, RankTerms
 from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
-from autoplan.cost.stage_terms import rank_fixed_dynamic, rank_states, stage_activations
 
 Pin = Literal["none", "selective", "full"] | None
 Method = Literal["enumerate", "cpsat", "auto"]
+Choice = tuple[tuple[int, int], ...]
+"""(selective, full) per stage of one rank, in the order of ``RankTerms.stages``."""
 # Up to this many combinations per rank, trying them all is faster than building a CP-SAT model.
 ENUMERATION_LIMIT = 64
+CPSAT_TIME_LIMIT_S = 30.0
 
 
 def stage_choices(layers: int, pin: Pin) -> list[tuple[int, int]]:
-    """(selective, full) counts allowed on a stage of ``layers`` layers."""
+    """(selective, full) counts allowed on a stage of ``layers`` layers (for the brute-force search)."""
     if pin == "none":
         return [(0, 0)]
     if pin == "selective":
@@ -41,139 +50,195 @@ def stage_choices(layers: int, pin: Pin) -> list[tuple[int, int]]:
 
 
 def cheapest_recompute(table: StageTable, layers: tuple[int, ...], pin: Pin, method: Method = "auto",
-                       peaks: dict | None = None, memo: dict | None = None) -> tuple[StageShape, ...] | None:
+                       terms: LayoutTerms | None = None, memo: dict | None = None) -> tuple[StageShape, ...] | None:
     """Per stage (layers, selective, full) with the least added recompute time that fits; None if none fits.
 
     ``memo`` (one dict per table) keeps each rank's answer: stage splits of one configuration share most of
     their per-rank sub-problems.
     """
-    peaks = peaks if peaks is not None else inflight_peaks(table.orders)
+    terms = terms if terms is not None else LayoutTerms(table)
     memo = memo if memo is not None else {}
     shapes: list[StageShape | None] = [None] * table.num_stages
-    for rank in table.orders:
-        stages = table.stages_of(rank)
-        key = (rank, pin, method, tuple(layers[s] for s in stages))
+    for rank in terms.ranks:
+        n = tuple(layers[s] for s in rank.stages)
+        key = (rank.rank, pin, method, n)
         if key not in memo:
-            memo[key] = _rank_choice(table, layers, stages, pin, method, peaks, rank)
+            memo[key] = rank_choice(terms, rank, n, pin, method)
         chosen = memo[key]
         if chosen is None:
             return None
-        for s, (sel, full) in zip(stages, chosen):
+        for s, (sel, full) in zip(rank.stages, chosen):
             shapes[s] = StageShape(layers[s], sel, full)
     return tuple(shapes)  # type: ignore[arg-type]
 
 
-def _rank_choice(table: StageTable, layers: tuple[int, ...], stages: list[int], pin: Pin, method: Method,
-                 peaks: dict, rank: int) -> tuple[tuple[int, int], ...] | None:
-    combos = 1
-    for s in stages:
-        combos *= len(stage_choices(layers[s], pin))
-    use_cpsat = method == "cpsat" or (method == "auto" and combos > ENUMERATION_LIMIT)
-    zero = tuple((0, 0) for _ in stages)
-    every = tuple((0, layers[s]) for s in stages)
-    if method == "auto" and pin in (None, "none") and _fits_with(table, layers, stages, zero, rank, peaks[rank]):
-        return zero  # nothing recomputed costs nothing: the cheapest choice when it fits
-    if method == "auto" and pin is None and not _fits_with(table, layers, stages, every, rank, peaks[rank]):
-        # full recomputation of every layer needs the least memory of all choices (each fully
-        # recomputed layer keeps only its input; the rebuilt block is counted once): nothing fits
-        return None
-    if method == "auto" and len(stages) == 1:
-        return _single_stage(table, layers, stages, pin, peaks[rank], rank)
-    return (_cpsat if use_cpsat else _enumerate)(table, layers, stages, pin, peaks[rank], rank)
+def forced_recompute(terms: LayoutTerms, layers: tuple[int, ...], pin: Pin) -> tuple[StageShape, ...] | None:
+    """The split's recomputation when it needs no solving: the pinned mode, or nothing recomputed when that
+    fits every rank (the cheapest choice then). None otherwise. The caller knows the split can fit."""
+    if pin is None:
+        if not all(terms.fits(rank, [layers[s] for s in rank.stages], [0] * len(rank.stages), [0] * len(rank.stages))
+                   for rank in terms.ranks):
+            return None
+        pin = "none"
+    return tuple(StageShape(n, n if pin == "selective" else 0, n if pin == "full" else 0) for n in layers)
 
 
-def _fits_with(table: StageTable, layers: tuple[int, ...], stages: list[int], choice, rank: int, peaks) -> bool:
-    trial = [StageShape(layers[k]) for k in range(table.num_stages)]
-    for s, (sel, full) in zip(stages, choice):
-        trial[s] = StageShape(layers[s], sel, full)
-    return fits_in(table, rank_memory(table, tuple(trial), rank, peaks))
+def choice_cost_ns(terms: LayoutTerms, choice: Choice) -> int:
+    return sum(sel * terms.sel_ns + full * terms.full_ns for sel, full in choice)
 
 
-def _cost(table: StageTable, choice: tuple[tuple[int, int], ...]) -> int:
-    return sum(sel * table.selective_extra_ns + full * table.full_extra_ns for sel, full in choice)
+def rank_choice(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...], pin: Pin,
+                method: Method = "auto") -> Choice | None:
+    """The cheapest fitting (selective, full) per stage of ``rank``; ties: the smallest choice tuple."""
+    zero = tuple((0, 0) for _ in n)
+    if pin in ("none", "selective", "full"):
+        choice = {"none": zero, "selective": tuple((k, 0) for k in n), "full": tuple((0, k) for k in n)}[pin]
+        return choice if _fits(terms, rank, n, choice) else None
+    if method == "auto":
+        if _fits(terms, rank, n, zero):
+            return zero  # nothing recomputed costs nothing: the cheapest choice when it fits
+        if 0 <= terms.d_sel <= terms.d_full and not _fits(terms, rank, n, tuple((0, k) for k in n)):
+            # with full recomputation saving at least what selective saves, recomputing every layer fully
+            # needs the least memory of all choices (the rebuilt block is counted once): nothing fits
+            return None
+        if len(n) == 1:
+            return _single_stage(terms, rank, n[0])
+    combos = math.prod((k + 1) * (k + 2) // 2 for k in n)
+    if method == "enumerate" or (method == "auto" and combos <= ENUMERATION_LIMIT):
+        return _enumerate(terms, rank, n)
+    return _cpsat(terms, rank, n)
 
 
-def _enumerate(table: StageTable, layers: tuple[int, ...], stages: list[int], pin: Pin, peaks: list,
-               rank: int) -> tuple[tuple[int, int], ...] | None:
+def _fits(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...], choice: Choice) -> bool:
+    return terms.fits(rank, n, [c[0] for c in choice], [c[1] for c in choice])
+
+
+def _enumerate(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...]) -> Choice | None:
     """Try the choices from cheapest to dearest; the first that fits wins (ties: the order below)."""
-    options = [stage_choices(layers[s], pin) for s in stages]
-    for choice in sorted(itertools.product(*options), key=lambda c: (_cost(table, c), c)):
-        trial = [StageShape(layers[s], 0, 0) for s in range(table.num_stages)]
-        for s, (sel, full) in zip(stages, choice):
-            trial[s] = StageShape(layers[s], sel, full)
-        if fits_in(table, rank_memory(table, tuple(trial), rank, peaks)):
+    options = [stage_choices(k, None) for k in n]
+    for choice in sorted(itertools.product(*options), key=lambda c: (choice_cost_ns(terms, c), c)):
+        if _fits(terms, rank, n, choice):
             return choice
     return None
 
 
-def _single_stage(table: StageTable, layers: tuple[int, ...], stages: list[int], pin: Pin, peaks: list,
-                  rank: int) -> tuple[tuple[int, int], ...] | None:
-    """One stage per rank: for each count of fully recomputed layers, the fewest selective ones that fit,
-    found by bisection (memory falls as more layers recompute). The cheapest of those is the optimum."""
-    (s,) = stages
-    n = layers[s]
+def _single_stage(terms: LayoutTerms, rank: RankTerms, n: int) -> Choice | None:
+    """One stage: for each count of fully recomputed layers, the fewest selective ones that fit.
 
-    def fits(sel: int, full: int) -> bool:
-        trial = [StageShape(layers[k]) for k in range(table.num_stages)]
-        trial[s] = StageShape(n, sel, full)
-        return fits_in(table, rank_memory(table, tuple(trial), rank, peaks))
-
-    allowed = set(stage_choices(n, pin))
+    With c micro-batches in flight at the peak, the constraint reads
+    base(full) + (P + R) x (d_sel - c x sel x d_sel) <= 0 for sel >= 1 (base: everything but selective
+    recomputation, P + R the scaled reserve), so sel = ceil((base + (P + R) d_sel) / ((P + R) c d_sel)).
+    Every candidate is checked with the exact memory model before it counts.
+    """
+    counts = [vec[0] for vec in rank.peaks]
+    c = max(counts, default=0)
+    scale = PERMILLE + RESERVE_PERMILLE
     best: tuple[int, tuple[int, int]] | None = None
-    for full in sorted({f for _, f in allowed}):
-        sels = sorted(sel for sel, f in allowed if f == full)
-        if fits(sels[0], full):
-            found = sels[0]
-        elif len(sels) > 1 and fits(sels[-1], full):
-            lo, hi = 1, len(sels) - 1  # sels[hi] fits, sels[lo - 1] does not
-            while lo < hi:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if fits(sels[mid], full) else (mid + 1, hi)
-            found = sels[hi]
-        else:
-            continue
-        cost = _cost(table, ((found, full),))
-        if best is None or (cost, (found, full)) < (best[0], best[1]):
-            best = (cost, (found, full))
+    for full in range(n + 1):
+        candidates = [0]
+        if c > 0 and terms.d_sel > 0:
+            base = terms.excess(rank, (n,), (0,), (full,)) + scale * terms.d_sel  # with the selective transient
+            candidates.append(max(1, -(-base // (scale * c * terms.d_sel))))
+        for sel in candidates:
+            if sel > n - full or not terms.fits(rank, (n,), (sel,), (full,)):
+                continue
+            cost = sel * terms.sel_ns + full * terms.full_ns
+            if best is None or (cost, (sel, full)) < best:
+                best = (cost, (sel, full))
+            break
     return (best[1],) if best is not None else None
 
 
-def _cpsat(table: StageTable, layers: tuple[int, ...], stages: list[int], pin: Pin, peaks: list,
-           rank: int) -> tuple[tuple[int, int], ...] | None:
+def _cpsat(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...]) -> Choice | None:
     """The same program as ``_enumerate``: least added time such that every memory peak of the rank fits."""
+    from ortools.sat.python import cp_model  # imported when first needed: `autoplan --help` stays fast
+
     m = cp_model.CpModel()
-    values: dict = {}
-    has_full, has_sel = m.NewBoolVar("has_full"), m.NewBoolVar("has_sel")
-    for s in range(table.num_stages):
-        values[("n", s)] = layers[s]
-        values[("sel", s)] = values[("full", s)] = 0
-    sel_vars, full_vars = {}, {}
-    for s in stages:
-        allowed = stage_choices(layers[s], pin)
-        sel_vars[s] = m.NewIntVar(min(a for a, _ in allowed), max(a for a, _ in allowed), f"sel{s}")
-        full_vars[s] = m.NewIntVar(min(b for _, b in allowed), max(b for _, b in allowed), f"full{s}")
-        m.Add(sel_vars[s] + full_vars[s] <= layers[s])
-        m.Add(full_vars[s] <= layers[s] * has_full)
-        m.Add(sel_vars[s] <= layers[s] * has_sel)
-        values[("sel", s)], values[("full", s)] = sel_vars[s], full_vars[s]
-    states = rank_states(table, rank).value({k: v for k, v in values.items() if k[0] == "n"})
-    transient = ((table.block_act_bytes - table.block_act_full_bytes) * has_full
-                 + (table.block_act_bytes - table.block_act_selective_bytes) * has_sel)
-    fixed = rank_fixed_dynamic(table, rank)
-    for vector in peaks:
-        acts = 0
-        for s, count in vector.items():
-            linear = stage_activations(table, s)
-            acts += count * (linear.const + sum(c * values[v] for v, c in linear.coefs.items()))
-        m.Add(PERMILLE * (states + table.baseline_bytes) + (PERMILLE + RESERVE_PERMILLE) * (acts + transient + fixed)
-              <= PERMILLE * table.capacity_bytes)
-    m.Minimize(sum(sel_vars[s] * table.selective_extra_ns + full_vars[s] * table.full_extra_ns for s in stages))
+    has_full, has_sel = m.new_bool_var("has_full"), m.new_bool_var("has_sel")
+    sel = [m.new_int_var(0, k, f"sel{i}") for i, k in enumerate(n)]
+    full = [m.new_int_var(0, k, f"full{i}") for i, k in enumerate(n)]
+    for i, k in enumerate(n):
+        m.add(sel[i] + full[i] <= k)
+        m.add(full[i] <= k * has_full)
+        m.add(sel[i] <= k * has_sel)
+    t = terms.table
+    states = rank.state_const + t.block_state_bytes * sum(n)
+    transient = terms.d_full * has_full + terms.d_sel * has_sel
+    scale = PERMILLE + RESERVE_PERMILLE
+    for vec in rank.peaks:
+        acts = sum(count * (k * terms.act - sel[i] * terms.d_sel - full[i] * terms.d_full + rank.act_const[i])
+                   for i, (count, k) in enumerate(zip(vec, n)))
+        m.add(PERMILLE * states + scale * (acts + transient + rank.fixed) <= terms.capacity_scaled)
+    m.minimize(sum(sel[i] * terms.sel_ns + full[i] * terms.full_ns for i in range(len(n))))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = 30.0
-    status = solver.Solve(m)
+    solver.parameters.max_time_in_seconds = CPSAT_TIME_LIMIT_S
+    status = solver.solve(m)
     if status == cp_model.INFEASIBLE:
         return None
     if status != cp_model.OPTIMAL:
-        raise RuntimeError("recomputation subproblem not solved to optimality within 30 s")
-    return tuple((solver.Value(sel_vars[s]), solver.Value(full_vars[s])) for s in stages)
+        raise RuntimeError(f"recomputation subproblem not solved to optimality within {CPSAT_TIME_LIMIT_S:.0f} s")
+    return tuple((solver.value(sel[i]), solver.value(full[i])) for i in range(len(n)))
+
+
+def lower_bound_ns(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...], pin: Pin) -> int | None:
+    """A lower bound on ``rank_choice``'s added backward time per micro-batch; None when no choice fits.
+
+    Pinned modes have one choice: its exact cost. Otherwise each memory peak k alone asks for savings
+    need_k = excess_k / (P + R) + the smallest rebuild transient, and the cheapest fractional way to save
+    that much (each layer's options convexified, best cost per byte first) is the linear-programming
+    optimum of that one constraint; the largest over the peaks bounds the integer optimum from below.
+    """
+    if pin in ("none", "selective", "full"):
+        choice = rank_choice(terms, rank, n, pin)
+        return None if choice is None else choice_cost_ns(terms, choice)
+    scale = PERMILLE + RESERVE_PERMILLE
+    t = terms.table
+    states = rank.state_const + t.block_state_bytes * sum(n)
+    per_stage = [k * terms.act + c for k, c in zip(n, rank.act_const)]
+    fixed_part = PERMILLE * states + scale * rank.fixed - terms.capacity_scaled
+    excess = [fixed_part + scale * sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks]
+    if max(excess, default=fixed_part) <= 0:
+        return 0
+    if fixed_part > 0:
+        return None  # the states alone overflow; recomputation only shrinks activations
+    modes = [(d, cost) for d, cost in ((terms.d_sel, terms.sel_ns), (terms.d_full, terms.full_ns)) if d > 0]
+    if not modes:
+        return None
+    transient = min(d for d, _ in modes)
+    segments = _per_layer_hull(modes)
+    bound = 0.0
+    for vec, e in zip(rank.peaks, excess):
+        need = e / scale + transient
+        if need <= 0:
+            continue
+        items = sorted((slope / c, saved * c * k) for c, k in zip(vec, n) if c > 0 and k > 0
+                       for slope, saved in segments)
+        cost = 0.0
+        for per_byte, capacity in items:
+            take = min(capacity, need)
+            cost += take * per_byte
+            need -= take
+            if need <= 0:
+                break
+        if need > 0:
+            return None
+        bound = max(bound, cost)
+    return int(bound * (1 - 1e-9))
+
+
+def _per_layer_hull(modes: list[tuple[int, int]]) -> list[tuple[float, int]]:
+    """(cost per byte, bytes) segments of the lower convex hull of one layer's options (0, 0) and
+    (saved bytes, cost) per mode: the cheapest fractional mix for every amount a layer can save."""
+    points = sorted(modes)
+    points = [p for p in points if not any(q[0] >= p[0] and q[1] <= p[1] and q != p for q in points)]
+    hull = [(0, 0)]
+    for p in points:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (y2 - y1) * (p[0] - x1) >= (p[1] - y1) * (x2 - x1):  # hull[-1] lies on or above the chord
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return [((y2 - y1) / (x2 - x1), x2 - x1) for (x1, y1), (x2, y2) in zip(hull, hull[1:])]

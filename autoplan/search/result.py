@@ -8,7 +8,10 @@ from autoplan.cost.estimate import layout_of, predict, with_local_params
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, Layout, ModelSpec, Plan, Predicted, SolverInfo, TrainingSetup
 from autoplan.search.planner import Candidate, SearchResult, search
-from autoplan.search.space import Pins
+from autoplan.search.space import MAX_DEVICES, Pins
+
+FACTORS = (2, 4, 8, 16)
+"""How much more nodes, or how much smaller a batch, an infeasible plan's explanation tries."""
 
 
 def predicted_of(candidate: Candidate, cluster: Cluster, training: TrainingSetup) -> tuple[Layout, Predicted]:
@@ -33,25 +36,29 @@ def solver_info(result: SearchResult, solver: str) -> SolverInfo:
 
 def explain_infeasible(model: ModelSpec, make_workload, cluster: Cluster, training: TrainingSetup,
                        pins: Pins) -> str:
-    """The smallest change that would fit: unpin offload, more nodes, a smaller global batch."""
+    """The smallest change that would fit: unpin offload, more nodes, a smaller global batch (each tried
+    until a first plan fits, not to optimality)."""
     tries: list[tuple[str, Cluster, TrainingSetup, Pins]] = []
     if pins.offload_optimizer is False:
         tries.append(("--offload", cluster, training, dataclasses.replace(pins, offload_optimizer=None)))
-    for factor in (2, 4, 8, 16):
+    for factor in FACTORS:
         bigger = dataclasses.replace(cluster, num_nodes=cluster.num_nodes * factor)
-        tries.append((f"--nodes {bigger.num_nodes}", bigger, training, pins))
-    gbs = training.global_batch_size // 2
-    while gbs >= 1:
-        tries.append((f"--global-batch-size {gbs}", cluster, dataclasses.replace(training, global_batch_size=gbs), pins))
-        gbs //= 2
+        if bigger.num_devices <= MAX_DEVICES:
+            tries.append((f"--nodes {bigger.num_nodes}", bigger, training, pins))
+    for factor in FACTORS:
+        if training.global_batch_size >= factor:
+            gbs = training.global_batch_size // factor
+            tries.append((f"--global-batch-size {gbs}", cluster, dataclasses.replace(training, global_batch_size=gbs),
+                          pins))
     capacity = cluster.device.memory_gib * (1 - training.memory_margin)
     for label, c, t, p in tries:
-        result = search(model, make_workload(model, c, t), c, t, p, top_k=1)
+        result = search(model, make_workload(model, c, t), c, t, p, top_k=1, first_fit=True)
         if result.best is not None:
             peak = max(m.total_bytes for m in result.best.evaluation.memory.values()) / 2**30
             return (f"no plan fits in {capacity:.1f} GiB per device; the smallest change that fits: {label} "
                     f"(peak {peak:.1f} GiB)")
-    return f"no plan fits in {capacity:.1f} GiB per device, even with 16x the nodes or a batch of 1"
+    return (f"no plan fits in {capacity:.1f} GiB per device, even with {FACTORS[-1]}x the nodes or a "
+            f"{FACTORS[-1]}x smaller global batch")
 
 
 def require_plan(result: SearchResult, message) -> Candidate:

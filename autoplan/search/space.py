@@ -1,10 +1,16 @@
 """The search space: which configurations, stage splits and recomputation choices the planner considers.
 
 Configurations (``Config``): tp divides the devices per node, the attention heads, the KV heads and the FFN
-width (the vocabulary is padded to fit); pp any value with tp * pp dividing the devices (dp is the rest);
-sequence parallel on/off when tp > 1; ZeRO 0-3 when dp > 1; optimizer offload with ZeRO >= 1 on GPUs; every micro-batch
-size dividing the per-replica batch; GPipe, 1F1B (needs m >= pp) and interleaved 1F1B with 2 to
-``max_virtual_stages`` stages per rank. Pins (``Pins``) fix any of these.
+width (the vocabulary is padded to fit); pp any value with tp * pp dividing the devices (dp is the rest); sequence
+parallel on/off when tp > 1; ZeRO 0-3 when dp > 1; optimizer offload with ZeRO >= 1 on GPUs; every micro-batch
+size dividing the per-replica batch that leaves at most ``max_microbatches`` micro-batches; GPipe, 1F1B
+(needs m >= pp) and interleaved 1F1B with 2 to ``max_virtual_stages`` stages per rank; at most
+``max_stage_microbatches`` stage forwards per step (m x stages, which sizes the action lists). Pins
+(``Pins``) fix any of these.
+
+Configurations come in groups (``Group``: tp, pp, dp, sequence parallel, micro-batch size), which fix the
+per-layer costs and the batch split; the search bounds a whole group before it looks at its ZeRO stages,
+offload and schedules.
 
 Stage splits: an even split of the layers, except that the first stage (which holds the embedding and,
 under 1F1B, the most micro-batches in flight) and the last stage (which holds the head and the loss) may
@@ -16,41 +22,97 @@ Recomputation: per stage, how many layers recompute fully and how many selective
 pinned to one mode by ``--recompute``. The planner takes, for each rank, the cheapest choice (least
 added backward time) that fits its memory (search/recompute.py); the brute-force search tries every
 per-stage choice instead, and tests check that the optima agree.
+
+Sizes: ``check_size`` refuses problems beyond ``MAX_*`` below (sizes no cluster has), and nothing here
+walks a range as long as a user-given number: divisors come from the prime factorization.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Iterator
 
 from autoplan.cost.stage_table import Config
-from autoplan.schema import Cluster, ModelSpec, ScheduleKind, TrainingSetup
+from autoplan.errors import SpecError
+from autoplan.schema import Cluster, ModelSpec, TrainingSetup
+from autoplan.schema.plan import parallel_dimensions
+
+# Sizes no cluster or model has; beyond them the planner refuses instead of enumerating. The largest
+# training clusters today have about 10^5 devices, the deepest models about 10^2 layers, the largest
+# global batches about 10^4 sequences and the longest training contexts about 10^6 tokens.
+MAX_DEVICES = 2**20
+MAX_DEVICES_PER_NODE = 2**10
+MAX_LAYERS = 2**12
+MAX_GLOBAL_BATCH = 2**24
+MAX_SEQ_LEN = 2**24
 
 
-@dataclass(frozen=True)
-class Pins:
-    """Values the user fixed on the command line; None means "search it"."""
+def _make_pins() -> type:
+    """One optional field per pinnable parallel dimension of ``ParallelConfig``, plus ``recompute``."""
+    fields = [(f.name, f"{f.type} | None", dataclasses.field(default=None))
+              for f in parallel_dimensions() if f.metadata["pinnable"]]
+    fields.append(("recompute", "RecomputeMode | None", dataclasses.field(default=None)))
+    cls = dataclasses.make_dataclass("Pins", fields, frozen=True)
+    cls.__module__ = __name__
+    cls.__doc__ = ("Values the user fixed on the command line; None means \"search it\". Derived from the "
+                   "fields of ParallelConfig (schema/plan.py), plus the recomputation mode of every layer.")
+    return cls
 
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    zero_stage: int | None = None
-    schedule: ScheduleKind | None = None
-    virtual_stages: int | None = None
-    micro_batch_size: int | None = None
-    sequence_parallel: bool | None = None
-    offload_optimizer: bool | None = None
-    recompute: Literal["none", "selective", "full"] | None = None
+
+Pins = _make_pins()
 
 
 @dataclass(frozen=True)
 class SearchLimits:
     max_virtual_stages: int = 4
     max_edge_trim: int = 2
+    max_microbatches: int = 1024
+    """Micro-batches per step per replica: beyond a thousand the bubble is gone and only the lists grow."""
+    max_stage_microbatches: int = 2**16
+    """Micro-batches times stages: the number of forwards in a schedule's action lists."""
+
+
+def check_size(model, cluster: Cluster, training: TrainingSetup) -> None:
+    """Refuse, in one line naming the field, sizes beyond any real cluster, model or batch."""
+    checks = [
+        ("devices_per_node", cluster.devices_per_node, MAX_DEVICES_PER_NODE,
+         "devices per node is more than any machine has", "give a real --devices-per-node"),
+        ("num_nodes", cluster.num_devices, MAX_DEVICES,
+         f"devices ({cluster.num_nodes:,} nodes x {cluster.devices_per_node}) is more than any cluster has",
+         "give a real --nodes"),
+        ("num_layers", num_layers_of(model), MAX_LAYERS, "layers is more than any model has",
+         "fix the model file"),
+        ("global_batch_size", training.global_batch_size, MAX_GLOBAL_BATCH,
+         "sequences per step is more than any training run uses", "give a real --global-batch-size"),
+        ("seq_len", training.seq_len, MAX_SEQ_LEN, "tokens per sequence is more than any model is trained on",
+         "give a real --seq-len"),
+    ]
+    for field, value, limit, what, fix in checks:
+        if value > limit:
+            raise SpecError(f"{field}: {value:,} {what} (the planner searches at most {limit:,}); {fix}")
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    """Trial division up to sqrt(n), shrinking n as factors come out: sqrt(MAX_GLOBAL_BATCH) steps at most."""
+    factors: dict[int, int] = {}
+    d = 2
+    while d * d <= n:
+        while n % d == 0:
+            factors[d] = factors.get(d, 0) + 1
+            n //= d
+        d += 1 if d == 2 else 2
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """All divisors of n, ascending, from its prime factorization."""
+    result = [1]
+    for p, k in prime_factors(n).items():
+        result = [d * p**e for d in result for e in range(k + 1)]
+    return sorted(result)
 
 
 def num_layers_of(model) -> int:
@@ -68,26 +130,64 @@ def tp_options(model, cluster: Cluster) -> list[int]:
             and model.ffn_hidden_size % t == 0]  # the vocabulary is padded to a multiple of tp (ModelSpec)
 
 
-def configs(model: ModelSpec, cluster: Cluster, training: TrainingSetup, pins: Pins,
-            limits: SearchLimits = SearchLimits()) -> Iterator[Config]:
+@dataclass(frozen=True)
+class Group:
+    """tp, pp, dp, sequence parallel and micro-batching: what fixes the per-layer costs and the batch split."""
+
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    num_microbatches: int
+
+
+def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
+           limits: SearchLimits = SearchLimits()) -> Iterator[Group]:
     n, L, gbs = cluster.num_devices, num_layers_of(model), training.global_batch_size
     tps = [pins.tp] if pins.tp is not None else tp_options(model, cluster)
     for tp in tps:
-        pps = [pins.pp] if pins.pp is not None else range(1, L + 1)
+        if n % tp:
+            continue
+        pps = [pins.pp] if pins.pp is not None else divisors(n // tp)
         for pp in pps:
             if n % (tp * pp) or pp > L:
                 continue
             dp = n // (tp * pp)
             if (pins.dp is not None and dp != pins.dp) or gbs % dp:
                 continue
+            per_replica = gbs // dp
             for sp in _bools(pins.sequence_parallel, allowed=tp > 1):
-                for zero in _zero_stages(pins.zero_stage, dp):
-                    gpu = cluster.device.kind == "gpu"  # on a CPU the host is the device: nothing to offload to
-                    for offload in _bools(pins.offload_optimizer, allowed=zero >= 1 and gpu):
-                        for mbs in _micro_batches(pins.micro_batch_size, gbs // dp):
-                            m = gbs // (dp * mbs)
-                            for schedule, v in _schedules(pins, pp, m, L, limits):
-                                yield Config(tp, pp, dp, sp, zero, offload, schedule, v, mbs, m)
+                for mbs in _micro_batches(pins.micro_batch_size, per_replica, limits.max_microbatches):
+                    yield Group(tp, pp, dp, sp, mbs, per_replica // mbs)
+
+
+def group_choices(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
+                  limits: SearchLimits = SearchLimits()) -> tuple[list[tuple[int, bool]], list[tuple[str, int]]]:
+    """The group's (ZeRO stage, offload) pairs and (schedule, virtual stages) pairs: its configurations
+    are every combination of one of each."""
+    gpu = cluster.device.kind == "gpu"  # on a CPU the host is the device: nothing to offload to
+    states = [(zero, offload) for zero in _zero_stages(pins.zero_stage, group.dp)
+              for offload in _bools(pins.offload_optimizer, allowed=zero >= 1 and gpu)]
+    return states, list(_schedules(pins, group.pp, group.num_microbatches, num_layers, limits))
+
+
+def group_configs(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
+                  limits: SearchLimits = SearchLimits()) -> Iterator[Config]:
+    g = group
+    states, schedules = group_choices(group, cluster, pins, num_layers, limits)
+    for zero, offload in states:
+        for schedule, v in schedules:
+            yield Config(tp=g.tp, pp=g.pp, dp=g.dp, sequence_parallel=g.sequence_parallel, zero_stage=zero,
+                         offload_optimizer=offload, schedule=schedule, virtual_stages=v,
+                         micro_batch_size=g.micro_batch_size, num_microbatches=g.num_microbatches)
+
+
+def configs(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
+            limits: SearchLimits = SearchLimits()) -> Iterator[Config]:
+    L = num_layers_of(model)
+    for group in groups(model, cluster, training, pins, limits):
+        yield from group_configs(group, cluster, pins, L, limits)
 
 
 def _bools(pin: bool | None, allowed: bool) -> list[bool]:
@@ -102,10 +202,10 @@ def _zero_stages(pin: int | None, dp: int) -> list[int]:
     return [0, 1, 2, 3] if dp > 1 else [0]  # with dp = 1 every ZeRO stage is stage 0
 
 
-def _micro_batches(pin: int | None, per_replica: int) -> list[int]:
+def _micro_batches(pin: int | None, per_replica: int, max_microbatches: int) -> list[int]:
     if pin is not None:
-        return [pin] if per_replica % pin == 0 else []
-    return divisors(per_replica)
+        return [pin] if per_replica % pin == 0 and per_replica // pin <= max_microbatches else []
+    return [b for b in divisors(per_replica) if per_replica // b <= max_microbatches]
 
 
 def _schedules(pins: Pins, pp: int, m: int, layers: int, limits: SearchLimits) -> Iterator[tuple[str, int]]:
@@ -114,14 +214,14 @@ def _schedules(pins: Pins, pp: int, m: int, layers: int, limits: SearchLimits) -
         if kind == "1f1b" and m < pp:
             continue
         if kind != "interleaved":
-            if pins.virtual_stages in (None, 1):
+            if pins.virtual_stages in (None, 1) and m * pp <= limits.max_stage_microbatches:
                 yield kind, 1
             continue
         if pp < 2 or m % max(1, m // pp):
             continue
         vs = [pins.virtual_stages] if pins.virtual_stages else range(2, limits.max_virtual_stages + 1)
         for v in vs:
-            if v >= 2 and pp * v <= layers:
+            if v >= 2 and pp * v <= layers and m * pp * v <= limits.max_stage_microbatches:
                 yield kind, v
 
 

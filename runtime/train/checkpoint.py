@@ -11,7 +11,8 @@ head holds a copy, saves nothing for it and loads the copy (and its optimizer st
 
 Layout: ``DIR/step_N/`` holds DCP's files, ``rng_rank{r}.pt`` per rank and ``COMPLETE``. A save writes
 into ``DIR/step_N.tmp/``; after every rank has finished (barrier) rank 0 writes COMPLETE and renames the
-folder to ``step_N``, so a crash mid-save leaves only a ``.tmp`` folder that resume ignores.
+folder to ``step_N``, so a crash mid-save leaves only a ``.tmp`` folder that resume ignores. COMPLETE
+holds every file's SHA-256 (``integrity.py``), verified before a resume.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from autoplan.schema import ModelSpec
+from runtime.train.integrity import write_complete
+from runtime.train.manifest import read_manifest
 from runtime.train.optim import Optimizers
 
 TIED, TIED_COPY = "embed.tok.weight", "head.weight"
@@ -72,7 +75,9 @@ def _state(models: list[nn.Module], optimizers: Optimizers, spec: ModelSpec) -> 
     return {"model": model_sd, "optim": optim_sd}
 
 
-def save(directory: str, step: int, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec) -> Path:
+def save(directory: str, step: int, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec,
+         plan=None) -> Path:
+    """Write step ``step``'s checkpoint; with ``plan``, COMPLETE is a manifest of checksums (integrity.py)."""
     root = Path(directory)
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
     rank = dist.get_rank()
@@ -84,8 +89,11 @@ def save(directory: str, step: int, models: list[nn.Module], optimizer: Optimize
     rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     torch.save({"step": step, "rng": rng}, tmp / f"rng_rank{rank}.pt")
     dist.barrier()  # every rank's shard and RNG file is on disk
-    if rank == 0:
+    if plan is not None:
+        write_complete(tmp, step, plan)  # COMPLETE with every file's SHA-256 (collective)
+    elif rank == 0:
         (tmp / "COMPLETE").write_text(f"{step}\n")
+    if rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     dist.barrier()
@@ -117,4 +125,5 @@ def load(path: Path, models: list[nn.Module], optimizer: Optimizers, spec: Model
         torch.set_rng_state(extra["rng"]["torch"])
         if extra["rng"]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(extra["rng"]["cuda"])
-    return int((path / "COMPLETE").read_text())
+    manifest = read_manifest(path)  # None: a plain step number, written before manifests
+    return manifest.step if manifest is not None else int((path / "COMPLETE").read_text())

@@ -103,3 +103,46 @@ def test_estimate_exits_3_on_does_not_fit(capsys):
     code = main(["estimate", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "--tp", "1",
                  "--pp", "1", "--zero-stage", "0", "--schedule", "1f1b", "--micro-batch-size", "2", "--json"])
     assert code == 0 and json.loads(capsys.readouterr().out)["fits"] is True
+def test_a_long_search_reports_progress_on_stderr_even_in_a_pipe(monkeypatch, capsys):
+    """capsys is not a terminal: progress comes as whole lines, the last one with the totals."""
+    from autoplan.search import planner
+
+    monkeypatch.setattr(planner, "PROGRESS_INTERVAL_S", 0.0)
+    code, out, err = run(capsys, "plan", "llama3-8b", "--cluster", "dgx-h100-80gb", "--nodes", "2",
+                         "--global-batch-size", "64", "--seq-len", "4096", "--json")
+    assert code == 0
+    lines = err.strip().splitlines()
+    assert len(lines) >= 2 and all(line.startswith("searching: ") for line in lines[:-1])
+    considered = json.loads(out)["solver"]["candidates"]
+    assert lines[-1].startswith(f"searched: OPTIMAL, {considered} configurations")
+
+
+@pytest.mark.parametrize("flag, value, field", [
+    ("--global-batch-size", "1000000000000", "global_batch_size"), ("--devices-per-node", "1000000000000",
+                                                                    "devices_per_node"),
+    ("--nodes", "1000000000000", "num_nodes"), ("--seq-len", "1000000000000", "seq_len"),
+])
+def test_sizes_no_cluster_has_get_one_line(flag, value, field, capsys):
+    argv = ["plan", "llama3-70b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "1024", flag, value]
+    code, _, err = run(capsys, *argv)
+    # the input checks name the option (--global-batch-size); the search's own size check names the field
+    assert code == 2 and len(err.strip().splitlines()) == 1 and (f"error: {flag}: " in err or f"error: {field}: " in err)
+
+
+def test_help_and_show_load_no_solver(tmp_path, capsys):
+    """`autoplan --help` and `autoplan show` import neither OR-Tools (and pandas behind it) nor torch."""
+    path = tmp_path / "plan.yaml"
+    assert main(["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8", "-o", str(path)]) == 0
+    capsys.readouterr()
+    check = ("; heavy = [m for m in ('ortools', 'pandas', 'numpy', 'scipy', 'torch') if m in sys.modules]; "
+             "assert not heavy, heavy")
+    for code in ("import sys; from autoplan.cli.main import build_parser; build_parser()" + check,
+                 f"import sys; from autoplan.cli.main import main; main(['show', {str(path)!r}])" + check):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+
+
+def test_a_time_limit_must_be_positive(capsys):
+    code, _, err = run(capsys, "plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8",
+                       "--time-limit", "0")
+    assert code == 2 and "--time-limit: must be a positive number" in err

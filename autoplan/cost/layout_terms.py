@@ -1,0 +1,156 @@
+"""The expressions of stage_terms.py compiled to plain integers per rank, for the search's inner loop.
+
+The search evaluates thousands of stage layouts of one configuration; building ``Linear`` dictionaries
+for each would cost more than the simulation. ``LayoutTerms`` takes a table apart once into per-stage and
+per-rank integers and evaluates layouts with them: the same integers, the same arithmetic as
+evaluate.py (``fits`` is ``fits_in(rank_memory(...))``, ``step_ns`` is ``evaluate(...).step_ns``), which
+tests check layout by layout (tests/planner/test_layout_terms.py) and the brute-force search checks
+end to end (it uses evaluate.py only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from autoplan.schema.schedule import RankOrders
+from autoplan.cost.simulate import compiled, inflight_peaks, rank_ends
+from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
+
+
+@dataclass(frozen=True)
+class RankTerms:
+    """Everything about one pipeline rank that does not depend on the layout."""
+
+    rank: int
+    stages: tuple[int, ...]
+    peaks: tuple[tuple[int, ...], ...]
+    """Per memory peak, the micro-batches in flight on each of ``stages`` (same order)."""
+    state_const: int
+    """Embedding and head states on this rank and the process baseline (bytes); blocks add
+    ``block_state_bytes`` per layer."""
+    act_const: tuple[int, ...]
+    """Embedding / head activations per micro-batch on each of ``stages``."""
+    fixed: int
+    """Layout-independent working memory (ZeRO-3 buffers, logits)."""
+    sync_const: int
+    sync_per_layer: int
+    after_const: int
+    """ZeRO-1/2 all-gather and optimizer step: constant part and per layer (never hidden)."""
+    after_per_layer: int
+    window_stage: int | None
+    """Stage whose last backward the DP reduction overlaps (None: no overlap)."""
+    first_stage: int
+    """Stage of the rank's first action (a forward) and of its last one (a backward)."""
+    last_stage: int
+
+
+class LayoutTerms:
+    def __init__(self, t: StageTable):
+        self.table = t
+        S, last = t.num_stages, t.num_stages - 1
+        self.num_stages = S
+        self.num_microbatches = t.config.num_microbatches
+        self.fwd_const = [(t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == last else 0) + t.action_fwd_ns
+                          for s in range(S)]
+        self.bwd_const = [(t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == last else 0) + t.action_bwd_ns
+                          for s in range(S)]
+        self.block_fwd, self.block_bwd = t.block.fwd_ns, t.block.bwd_ns
+        self.sel_ns, self.full_ns = t.selective_extra_ns, t.full_extra_ns
+        self.act = t.block_act_bytes
+        self.d_sel = t.block_act_bytes - t.block_act_selective_bytes
+        """Bytes a selectively recomputed layer saves per micro-batch, and what it needs while it rebuilds."""
+        self.d_full = t.block_act_bytes - t.block_act_full_bytes
+        self.capacity_scaled = PERMILLE * t.capacity_bytes
+        self.p2p = list(t.p2p_ns)
+        shapes = _schedule_shapes(t.orders, t.config.pp, S)
+        dp = t.config.dp
+        gather_latency = t.gather_latency_ns if dp > 1 and t.config.zero_stage in (1, 2) else 0
+        self.memo: dict = {}
+        """Per-rank answers that splits of this configuration share (the search's recompute bounds)."""
+        self.ranks: list[RankTerms] = []
+        for r, (stages, peaks, first_stage, last_stage) in enumerate(shapes):
+            first, has_last = 0 in stages, last in stages
+            self.ranks.append(RankTerms(
+                rank=r, stages=stages, peaks=peaks,
+                state_const=(t.embedding_state_bytes if first else 0) + (t.head_state_bytes if has_last else 0)
+                + t.baseline_bytes,
+                act_const=tuple((t.embedding_act_bytes if s == 0 else 0) + (t.head_act_bytes if s == last else 0)
+                                for s in stages),
+                fixed=t.zero3_buffer_bytes + (t.logits_transient_bytes if has_last else 0),
+                sync_const=((t.sync_embedding_ns if first else 0) + (t.sync_head_ns if has_last else 0)
+                            + t.sync_latency_ns) if dp > 1 else 0,
+                sync_per_layer=t.sync_block_ns if dp > 1 else 0,
+                after_const=(t.gather_embedding_ns + t.optim_embedding_ns if first else 0)
+                + (t.gather_head_ns + t.optim_head_ns if has_last else 0) + gather_latency + t.step_sync_ns
+                + (t.tied_sync_ns if first or has_last else 0),
+                after_per_layer=t.gather_block_ns + t.optim_block_ns,
+                window_stage=last_stage if t.overlap_grad_reduce else None,
+                first_stage=first_stage, last_stage=last_stage,
+            ))
+
+    # memory -----------------------------------------------------------------------------------------------
+
+    def transient(self, any_selective: bool, any_full: bool) -> int:
+        return (self.d_full if any_full else 0) + (self.d_sel if any_selective else 0)
+
+    def excess(self, rank: RankTerms, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> int:
+        """PERMILLE x (bytes over capacity) of the rank with these per-stage counts (aligned with
+        ``rank.stages``); <= 0 means it fits. Same integers as evaluate.fits_in(rank_memory(...))."""
+        states = rank.state_const + self.table.block_state_bytes * sum(n)
+        per_stage = [k * self.act - a * self.d_sel - b * self.d_full + c
+                     for k, a, b, c in zip(n, sel, full, rank.act_const)]
+        acts = max((sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks), default=0)
+        acts += self.transient(any(sel), any(full))
+        return PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * (acts + rank.fixed) - self.capacity_scaled
+
+    def fits(self, rank: RankTerms, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> bool:
+        return self.excess(rank, n, sel, full) <= 0
+
+    # time -------------------------------------------------------------------------------------------------
+
+    def stage_times(self, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Per-stage forward and backward durations (ns) of one micro-batch, for per-stage counts."""
+        fwd = [k * self.block_fwd + c for k, c in zip(n, self.fwd_const)]
+        bwd = [k * self.block_bwd + a * self.sel_ns + b * self.full_ns + c
+               for k, a, b, c in zip(n, sel, full, self.bwd_const)]
+        return fwd, bwd
+
+    def tail_ns(self, rank: RankTerms, layers: int, bwd: Sequence[int]) -> int:
+        """End-of-step work after the rank's last backward: exposed DP reduction, ZeRO-1/2 gather, step."""
+        sync = rank.sync_const + rank.sync_per_layer * layers
+        window = bwd[rank.window_stage] if rank.window_stage is not None else 0
+        return max(0, sync - window) + rank.after_const + rank.after_per_layer * layers
+
+    def step_ns(self, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> tuple[int, int]:
+        """(step time, critical rank) of the layout: the schedule simulated, plus each rank's tail."""
+        fwd, bwd = self.stage_times(n, sel, full)
+        ends = rank_ends(compiled(self.table.orders, self.num_stages), fwd, bwd, self.p2p)
+        best, critical = -1, 0
+        for rank in self.ranks:
+            layers = sum(n[s] for s in rank.stages)
+            total = ends[rank.rank] + self.tail_ns(rank, layers, bwd)
+            if total > best:
+                best, critical = total, rank.rank
+        return best, critical
+
+
+_SHAPES: dict[int, tuple[RankOrders, list]] = {}
+
+
+def _schedule_shapes(orders: RankOrders, pp: int, num_stages: int) -> list:
+    """Per rank: its stages, its memory peaks as counts per stage, the stages of its first and last
+    action. Depends on the action lists only, so configurations sharing a schedule share it."""
+    cached = _SHAPES.get(id(orders))
+    if cached is not None and cached[0] is orders:
+        return cached[1]
+    peaks = inflight_peaks(orders)
+    shapes = []
+    for r in range(pp):
+        stages = tuple(range(r, num_stages, pp))
+        shapes.append((stages, tuple(tuple(vec.get(s, 0) for s in stages) for vec in peaks[r]),
+                       orders[r][0].stage, orders[r][-1].stage))
+    if len(_SHAPES) > 4096:
+        _SHAPES.clear()
+    _SHAPES[id(orders)] = (orders, shapes)
+    return shapes

@@ -1,0 +1,174 @@
+"""`autoplan run`'s preflight, command lines and supervisor, without starting a training job: every bad
+option or path is one line before any process starts; a plan for several nodes prints a torchrun line
+per node (or an sbatch script); a signal reaches the whole process tree, and nothing outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from autoplan.cli.main import main
+from runtime.train.lock import DirectoryLock
+from runtime.train.manifest import Manifest, manifest_text
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plans")
+    made = {"one": ["--devices-per-node", "2", "--dp", "2"], "two_nodes": ["--nodes", "2"],
+            "too_many": ["--devices-per-node", "1024", "--dp", "1024"]}
+    for name, extra in made.items():
+        assert main(["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "2048", "--seq-len", "32",
+                     "--zero-stage", "0", "--json", "-o", str(folder / f"{name}.yaml"), *extra]) == 0
+    return {name: folder / f"{name}.yaml" for name in made}
+
+
+def one_line_error(code, err, *needles):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_print_command_prints_the_torchrun_line(plans, capsys, tmp_path):
+    code, out, _ = run(capsys, "run", plans["one"], "--print-command", "--steps", "7", "--metrics", tmp_path / "m.jsonl",
+                       "--checkpoint-dir", tmp_path / "ck", "--checkpoint-every", "2", "--timeout", "60")
+    assert code == 0
+    assert out.startswith("torchrun --standalone --nproc-per-node=2 -m runtime.launch ")
+    assert "--steps 7" in out and "--checkpoint-every 2" in out and "--timeout 60" in out
+    assert not (tmp_path / "ck").exists()  # a dry run creates nothing
+
+
+def test_a_multi_node_plan_prints_one_torchrun_line_per_node(plans, capsys):
+    code, out, err = run(capsys, "run", plans["two_nodes"])
+    one_line_error(code, err, "made for 2 nodes x 4 devices", "--nnodes")
+    lines = out.splitlines()
+    assert len(lines) == 2 and all("--nnodes=2 --nproc-per-node=4" in line for line in lines)
+    assert "--node-rank=0" in lines[0] and "--node-rank=1" in lines[1] and "--rdzv-endpoint=NODE0_HOST:29500" in out
+    code, out, _ = run(capsys, "run", plans["two_nodes"], "--nnodes", "2", "--node-rank", "1",
+                       "--rdzv-endpoint", "head:29400", "--print-command")
+    assert code == 0 and "--nnodes=2 --nproc-per-node=4 --node-rank=1 --rdzv-backend=c10d" in out
+    assert "--rdzv-endpoint=head:29400" in out
+    code, out, _ = run(capsys, "run", plans["two_nodes"], "--slurm")
+    assert code == 0 and "#SBATCH --nodes=2" in out and "srun bash -c 'torchrun " in out
+    assert '--node-rank="$SLURM_NODEID"' in out and "--gpus-per-node" not in out  # a CPU plan
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--nnodes", "3"], ["do not split evenly over 3 nodes"]),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], ["--node-rank: 2 must be in [0, 1]"]),
+    (["--nnodes", "2"], ["--rdzv-endpoint: needed"]),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:99999"], ["port in 1..65535"]),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--max-restarts", "1"], ["--max-restarts"]),
+])
+def test_multi_node_options_are_checked(plans, capsys, extra, needles):
+    code, _, err = run(capsys, "run", plans["two_nodes"], "--print-command", *extra)
+    one_line_error(code, err, *needles)
+
+
+def test_more_ranks_than_this_machine_can_run_is_refused(plans, capsys):
+    code, _, err = run(capsys, "run", plans["too_many"], "--print-command")
+    one_line_error(code, err, "needs 1024 processes on one node", "gloo processes")
+
+
+def test_bad_options_and_paths_are_one_line_before_any_process(plans, capsys, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
+    (tmp_path / "big_ids.bin").write_bytes((b"\xff\xff" * 100))
+    cases = [
+        (["--steps", "0"], "--steps: 0 must be in [1"),
+        (["--timeout", "nan"], "--timeout: nan"),
+        (["--timeout", "-5"], "--timeout: -5"),
+        (["--max-restarts", "-1"], "--max-restarts: -1"),
+        (["--data", ""], "--data: empty"),
+        (["--data", tmp_path / "missing.bin"], "no such file"),
+        (["--data", tmp_path / "odd.bin"], "odd byte count"),
+        (["--data", tmp_path / "big_ids.bin"], "token id 65535 >= model.vocab_size"),
+        (["--metrics", "/proc/m.jsonl"], "--metrics /proc/m.jsonl: cannot write"),
+        (["--metrics", tmp_path], "--metrics"),
+        (["--checkpoint-dir", tmp_path / "afile"], "is a file, not a folder"),
+        (["--checkpoint-dir", tmp_path / "no" / "ck"], "does not exist"),
+        (["--checkpoint-dir", tmp_path / "missing", "--resume"], "no complete checkpoint"),
+        (["--resume"], "--resume: needs --checkpoint-dir"),
+        (["--checkpoint-every", "5"], "needs --checkpoint-dir"),
+        (["--nproc", "3"], "--nproc 3: the plan needs tp * pp * dp = 2"),
+    ]
+    for extra, needle in cases:
+        code, _, err = run(capsys, "run", plans["one"], "--print-command", *extra)
+        one_line_error(code, err, needle)
+
+
+def _fake_checkpoint(folder, step, model_sha="0" * 64):
+    ck = folder / f"step_{step}"
+    ck.mkdir(parents=True)
+    (ck / "COMPLETE").write_text(manifest_text(Manifest(step, model_sha, {}, {})))
+
+
+def test_checkpoint_folder_rules(plans, capsys, tmp_path):
+    ck = tmp_path / "ck"
+    _fake_checkpoint(ck, 10)
+    code, _, err = run(capsys, "run", plans["one"], "--print-command", "--checkpoint-dir", ck)
+    one_line_error(code, err, "already holds checkpoints (newest step_10); pass --resume")
+    code, _, err = run(capsys, "run", plans["one"], "--print-command", "--checkpoint-dir", ck, "--resume")
+    one_line_error(code, err, "was written for another model")
+    lock = DirectoryLock(ck).acquire()
+    try:
+        code, _, err = run(capsys, "run", plans["one"], "--print-command", "--checkpoint-dir", ck, "--resume")
+        one_line_error(code, err, f"in use by pid {os.getpid()}")
+    finally:
+        lock.release()
+
+
+def test_print_command_of_a_cpu_plan_does_not_import_torch(plans):
+    code = (f"import sys; from autoplan.cli.main import main; assert main(['run', {str(plans['one'])!r}, "
+            "'--print-command']) == 0; assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_supervisor_forwards_a_signal_and_kills_what_is_left(tmp_path):
+    """A stand-in torchrun that starts a worker in its own session (as torchrun does) which ignores
+    SIGTERM: SIGTERM to the launcher stops the stand-in, and the orphaned worker is killed too."""
+    fake = tmp_path / "fake_torchrun.py"
+    fake.write_text(textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        worker = subprocess.Popen([sys.executable, "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+            start_new_session=True)
+        open({str(tmp_path / 'pids')!r}, "w").write(f"{{os.getpid()}} {{worker.pid}}")
+        time.sleep(600)
+    """))
+    script = textwrap.dedent(f"""
+        import json, os, signal, sys, threading, time
+        from autoplan.launcher.supervise import Job
+        job = Job([sys.executable, {str(fake)!r}], dict(os.environ))
+        def stop():
+            while not os.path.exists({str(tmp_path / 'pids')!r}):
+                time.sleep(0.05)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGTERM)
+        threading.Thread(target=stop, daemon=True).start()
+        t0 = time.monotonic()
+        status = job.run()
+        print(json.dumps({{"status": status, "signal": job.stop_signal, "s": time.monotonic() - t0}}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["signal"] == 15 and result["status"] == 128 + 15 and result["s"] < 10
+    for pid in map(int, (tmp_path / "pids").read_text().split()):
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
