@@ -74,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
           f"{device.optimizer_ns_per_param:.2f} ns per parameter; process baseline {device.memory_baseline_gib:.3f} GiB")
     print(f"cluster {cluster.name}: {cluster.devices_per_node} ranks share {cluster.cores_per_node} cores; "
           f"{len(cluster.collectives)} collective fits")
+    if cluster.corun_kernel_slowdown:
+        print(f"  co-running ranks 1..{len(cluster.corun_kernel_slowdown)}: kernel slow-down "
+              f"{', '.join(f'{x:.2f}' for x in cluster.corun_kernel_slowdown)}; host slow-down "
+              f"{', '.join(f'{x:.2f}' for x in cluster.corun_host_slowdown)}")
+    else:
+        print("  co-running ranks not measured (raw points without them): slow-down max(1, ranks / cores)")
     for c in cluster.collectives:
         if c.ranks == raw["nproc"] or c.group_size == 2:
             print(f"  {c.collective:<15} n={c.group_size} ranks={c.ranks}: alpha {c.alpha_us:8.1f} us, "

@@ -92,16 +92,17 @@ def with_local_params(predicted: Predicted, model: ModelSpec, layout: Layout, tr
 def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], ev: Evaluation) -> TimeBreakdown:
     """Where the critical rank's step goes; ``bubble_s`` is what its busy time and transfers leave idle."""
     r, m = ev.critical_rank, t.config.num_microbatches
-    share = t.share.pipeline  # a CPU host's time-slicing stretches compute (cost/host_terms.py)
+    share = t.share  # a CPU host's co-running ranks stretch compute (cost/host_terms.py)
     compute = recompute = tp_comm = 0.0
     for s in t.stages_of(r):
         n, sh = shapes[s].layers, shapes[s]
         layers = [(w.block, n)] + ([(w.embedding, 1)] if s == 0 else []) + ([(w.head, 1)] if s == t.num_stages - 1 else [])
         for cost, count in layers:
-            compute += m * count * (cost.fwd_s + cost.bwd_s) * share
+            compute += m * count * share.scaled_s(cost.fwd_s + cost.bwd_s, cost.host_fwd_s + cost.host_bwd_s)
             tp_comm += m * count * (cost.tp_fwd_s + cost.tp_bwd_s)
         compute += m * (t.action_fwd_ns + t.action_bwd_ns) * 1e-9  # pipeline runtime's host work per action
-        recompute += m * (sh.selective * w.block.selective_extra_s + sh.full * w.block.fwd_s) * share
+        recompute += m * (sh.selective * w.block.selective_extra_s * share.pipeline
+                       + sh.full * share.scaled_s(w.block.fwd_s, w.block.host_fwd_s))
         tp_comm += m * sh.full * w.block.tp_fwd_s
     busy = ev.timeline.busy(r) * 1e-9
     zero3 = max(0.0, busy - compute - recompute - tp_comm)

@@ -5,7 +5,9 @@ GPU predictions do not move. On a CPU host (``cores_per_node`` > 0):
 
 * Shared cores (``core_share``). R ranks busy at once on C cores each get min(1, C / R) of a core
   (the scheduler time-slices them fairly), so every compute and host time is multiplied by
-  max(1, R / C). Within the pipeline, R is the node's ranks times the schedule's busy fraction: a rank
+  max(1, R / C); a calibrated cluster replaces that by its measured co-running slow-downs
+  (``Cluster.corun_kernel_slowdown`` for kernel time, ``corun_host_slowdown`` for host time), which also
+  hold what ranks share below the core count (SMT siblings, caches, memory bandwidth). Within the pipeline, R is the node's ranks times the schedule's busy fraction: a rank
   that waits for a transfer blocks in gloo and frees its core for the others. The fraction is the one of
   the schedule's own action lists simulated with uniform stages (forward 1, backward 2), so it depends on
   the configuration only and every layout of it shares one factor (the search stays exact). The end of
@@ -43,7 +45,13 @@ class CoreShare:
     the step (1.0 where devices do not share cores)."""
 
     pipeline: float = 1.0
+    host: float = 1.0
+    """The same for host (framework) time during the pipeline phase."""
     tail: float = 1.0
+
+    def scaled_s(self, total_s: float, host_s: float) -> float:
+        """A layer time of which ``host_s`` is host time, stretched by the pipeline-phase factors."""
+        return (total_s - host_s) * self.pipeline + host_s * self.host
 
 
 def ranks_on_node(cluster: Cluster, config: Config) -> int:
@@ -62,11 +70,13 @@ def busy_fraction(config: Config) -> float:
 
 
 def core_share(cluster: Cluster, config: Config) -> CoreShare:
-    """max(1, busy ranks / cores), for the pipeline phase and for the end of the step."""
+    """Slow-downs of co-running ranks, for the pipeline phase (kernel, host) and the end of the step."""
     if not cluster.shares_cores:
         return CoreShare()
-    ranks, cores = ranks_on_node(cluster, config), cluster.cores_per_node
-    return CoreShare(pipeline=max(1.0, ranks * busy_fraction(config) / cores), tail=max(1.0, ranks / cores))
+    ranks = ranks_on_node(cluster, config)
+    busy = ranks * busy_fraction(config)
+    return CoreShare(pipeline=cluster.corun_slowdown(busy, "kernel"), host=cluster.corun_slowdown(busy, "host"),
+                     tail=cluster.corun_slowdown(ranks, "kernel"))
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,9 @@ class LayerCost:
     tp_fwd_s: float
     """TP collectives on the critical path of the forward (not overlapped, as in Megatron)."""
     tp_bwd_s: float
+    host_fwd_s: float = 0.0
+    """Of ``fwd_s``, host (framework) time: eager ops, views, DTensor modules (CPU devices)."""
+    host_bwd_s: float = 0.0
     param_tensors: int = 0
     """Parameter tensors of the layer (the optimizer's per-tensor host cost)."""
     tp_param_tensors: int = 0
@@ -253,5 +256,6 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, tp: int
         selective_extra_s=t.attention_fwd_s if standard else 0.0,
         selective_extra_flops=ops.attention.flops if standard else 0.0,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
+        host_fwd_s=t.host_fwd_s + tp_host_fwd, host_bwd_s=t.host_bwd_s + tp_host_bwd,
         param_tensors=ops.host.param_tensors, tp_param_tensors=ops.host.tp_param_tensors if tp > 1 else 0,
     )

@@ -149,21 +149,21 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
 
     def times(layer: LayerCost) -> LayerTimes:
         if serial:
-            fsdp = fsdp_layer(cluster, c, layer.params, weight_bytes, share.pipeline)
-            return LayerTimes(_ns(layer.fwd_s * share.pipeline + layer.tp_fwd_s + fsdp.fwd_s),
-                              _ns(layer.bwd_s * share.pipeline + layer.tp_bwd_s + fsdp.bwd_s))
+            fsdp = fsdp_layer(cluster, c, layer.params, weight_bytes, share.host)
+            return LayerTimes(_ns(share.scaled_s(layer.fwd_s, layer.host_fwd_s) + layer.tp_fwd_s + fsdp.fwd_s),
+                              _ns(share.scaled_s(layer.bwd_s, layer.host_bwd_s) + layer.tp_bwd_s + fsdp.bwd_s))
         return layer_times(layer, gather_s(layer))
 
     sync_kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
 
     def sync_ns(params: float) -> int:  # bandwidth part only; latency is counted once per rank
         if serial and c.zero_stage > 0:  # one reduce-scatter per unit where the runtime issues it
-            return _ns(fsdp_layer(cluster, c, params, weight_bytes, share.pipeline).reduce_step_s) if c.dp > 1 else 0
+            return _ns(fsdp_layer(cluster, c, params, weight_bytes, share.host).reduce_step_s) if c.dp > 1 else 0
         return _ns(collective_bandwidth_s(sync_kind, params * weight_bytes, dp_link))
 
     def gather_ns(params: float) -> int:
         if serial and c.zero_stage > 0:
-            return _ns(fsdp_layer(cluster, c, params, weight_bytes, share.pipeline).gather_step_s) if c.dp > 1 else 0
+            return _ns(fsdp_layer(cluster, c, params, weight_bytes, share.host).gather_step_s) if c.dp > 1 else 0
         if c.zero_stage not in (1, 2):
             return 0
         return _ns(collective_bandwidth_s("all_gather", params * weight_bytes, dp_link))
@@ -188,9 +188,9 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
 
     head_params = workload.head.params + (workload.tied_copy_params if c.pp > 1 else 0.0)
     tied_copy = 1 if c.pp > 1 and workload.tied_copy_params > 0 else 0  # the last stage's own head weight
-    action_fwd, action_bwd = replicate_microbatch_s(cluster, c, share.pipeline)
+    action_fwd, action_bwd = replicate_microbatch_s(cluster, c, share.host)
     if c.num_stages > 1:
-        action = cluster.device.pipeline_action_us * 1e-6 * share.pipeline
+        action = cluster.device.pipeline_action_us * 1e-6 * share.host
         action_fwd, action_bwd = action_fwd + action, action_bwd + action
     every_sync, tied_sync = step_sync_s(cluster, c, workload.tied_copy_params * weight_bytes)
     # stage s runs on pipeline rank s % pp and sends to rank (s + 1) % pp, inside a node or across
@@ -208,7 +208,7 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
     return StageTable(
         config=c, num_layers=workload.num_layers,
         block=times(block), selective_extra_ns=_ns(block.selective_extra_s * share.pipeline),
-        full_extra_ns=_ns(block.fwd_s * share.pipeline + block.tp_fwd_s),
+        full_extra_ns=_ns(share.scaled_s(block.fwd_s, block.host_fwd_s) + block.tp_fwd_s),
         embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p,
         block_state_bytes=state(block.params), embedding_state_bytes=state(workload.embedding.params),
         head_state_bytes=state(head_params),

@@ -73,6 +73,13 @@ class Cluster:
     """Fixed start-up cost of one collective call, on top of its per-step latency, microseconds."""
     cores_per_node: int = 0
     """CPU cores the ranks of one node share (a CPU host); 0: every device computes on its own (GPUs)."""
+    corun_kernel_slowdown: tuple[float, ...] = ()
+    """Entry R-1: how much slower a rank's kernel-bound work (GEMMs) runs while R ranks compute at once on
+    the node, measured by R concurrent one-thread processes timing fp32 GEMMs (``autoplan calibrate``,
+    profiler/hardware/corun.py): time-slicing above ``cores_per_node``, and below it what co-running ranks
+    still share (SMT siblings, caches, memory bandwidth). Empty: max(1, R / cores_per_node)."""
+    corun_host_slowdown: tuple[float, ...] = ()
+    """The same for host-bound work (chains of tiny eager ops: dispatch, autograd, allocation)."""
     collectives: tuple[CollectiveFit, ...] = ()
     """Measured alpha-beta fits per collective, group size and ranks on the node (see the module doc)."""
     residuals: tuple[Residual, ...] = ()
@@ -87,11 +94,30 @@ class Cluster:
                 f"than {MAX_DEVICES:,}")
         require_physical(self)  # collective_latency_us in [0, 1e8]
         require(self.cores_per_node >= 0, "cores_per_node", "must be >= 0 (0: devices do not share cores)")
+        for field in ("corun_kernel_slowdown", "corun_host_slowdown"):
+            require(all(0.5 <= x <= 1000 for x in getattr(self, field)), field,
+                    "each entry is a slow-down factor between 0.5 and 1000 (entry R-1: R ranks at once)")
 
     @property
     def shares_cores(self) -> bool:
         """Ranks time-slice the node's cores and their collectives do not overlap compute (a CPU host)."""
         return self.cores_per_node > 0
+
+    def corun_slowdown(self, busy_ranks: float, kind: str) -> float:
+        """Slow-down of one rank while ``busy_ranks`` (fractional: a pipeline's mean) compute at once:
+        the measured table (``kind`` "kernel" or "host") interpolated linearly, past its end by R / cores;
+        without a table max(1, R / cores)."""
+        table = self.corun_kernel_slowdown if kind == "kernel" else self.corun_host_slowdown
+        cores = max(1, self.cores_per_node)
+        if not table:
+            return max(1.0, busy_ranks / cores)
+        if busy_ranks <= 1:
+            return table[0]
+        if busy_ranks >= len(table):
+            return table[-1] * busy_ranks / len(table)
+        lo = int(busy_ranks)
+        w = busy_ranks - lo
+        return (1 - w) * table[lo - 1] + w * table[lo]
 
     def collective_fit(self, collective: str, group_size: int) -> CollectiveFit | None:
         """The measured fit for a group of ``group_size`` while this cluster's ranks run on a node: the fit

@@ -58,13 +58,15 @@ def measure_raw(nproc: int, say: Callable[[str], None], repeats: int = 7) -> dic
     say("host: eager ops and views, DTensor modules, optimizer, process memory baseline (one spawned rank)")
     host = measure_host_overhead()
     distributed = measure_distributed(nproc, repeats, say) if nproc >= 2 else {"collectives": []}
+    from autoplan.profiler.hardware.corun import measure_corun
+    corun = measure_corun(nproc, say=say)
     with open("/proc/meminfo") as f:
         info = {line.split(":")[0]: int(line.split()[1]) for line in f}
     return {"nproc": nproc, "cores": machine_cores(), "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__, "memory_available_bytes": info.get("MemAvailable", info["MemTotal"]) * 1024,
             "host_link_gb_per_s": host_link, "host_adam_gparams_per_s": host_adam,
             "gemms": gemms, "attention": attention, "elementwise": elementwise, "host": host,
-            "distributed": distributed}
+            "distributed": distributed, "corun": corun}
 
 
 def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[DeviceProfile, Cluster]:
@@ -100,8 +102,11 @@ def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[Devi
                     latency_us=round(ar.alpha_us / ring_hops("all_reduce", ar.group_size), 3))
     else:
         link = Link(bandwidth_gb_per_s=device.memory_bandwidth_gb_per_s, latency_us=0.0)
+    corun = raw.get("corun", {})
+    slowdown = {k: tuple(round(t / v[0], 4) for t in v) for k, v in corun.items() if v}
     cluster = Cluster(name=cluster_name, device=device, devices_per_node=nproc, num_nodes=1, intra_node=link,
                       inter_node=link, backend="gloo", cores_per_node=cores, collectives=fits, residuals=residuals,
+                      corun_kernel_slowdown=slowdown.get("gemm", ()), corun_host_slowdown=slowdown.get("ops", ()),
                       source=f"autoplan calibrate --nproc {nproc}: gloo over loopback, {cores} cores shared by "
                              "the ranks; inter_node not measured (one machine), set equal to intra_node")
     cluster.validate()
