@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"device profile to write (default: profiles/hardware/{SHIPPED_DEVICE}.yaml, shipped)")
     p.add_argument("--cluster-out", default=None,
                    help=f"cluster file to write (default: profiles/clusters/{SHIPPED_CLUSTER}.yaml, shipped)")
-    p.add_argument("--raw-out", default=None, help="also save the raw points as JSON")
+    p.add_argument("--raw-out", default=None,
+                   help="also save the raw points as JSON (refreshing the shipped files always keeps them in "
+                        f"profiles/calibration/{SHIPPED_CLUSTER}.raw.json)")
     p.add_argument("--from-raw", default=None, help="refit saved raw points instead of measuring")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
@@ -48,11 +50,13 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError(f"--from-raw: {args.from_raw} is not JSON ({err.msg}, line {err.lineno})") from None
     else:
         raw = measure_raw(args.nproc, say)
+    shipped = args.output is None
     if args.raw_out:
         write_atomic(args.raw_out, json.dumps(raw))
+    if shipped and not args.from_raw:  # the shipped files stay the fit of the shipped raw points (a test checks)
+        write_atomic(PROFILES_DIR / "calibration" / f"{SHIPPED_CLUSTER}.raw.json", json.dumps(raw))
     device_out = args.output or str(PROFILES_DIR / "hardware" / f"{SHIPPED_DEVICE}.yaml")
     cluster_out = args.cluster_out or str(PROFILES_DIR / "clusters" / f"{SHIPPED_CLUSTER}.yaml")
-    shipped = args.output is None
     device, cluster = build_profiles(raw, SHIPPED_DEVICE if shipped else "calibrated-cpu",
                                      SHIPPED_CLUSTER if shipped else "calibrated-cpu-local")
     header = (f"# {device.name}: fitted by `autoplan calibrate --nproc {raw['nproc']}` from kernel and op "
