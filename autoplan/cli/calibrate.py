@@ -29,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also save the raw points as JSON (refreshing the shipped files always keeps them in "
                         f"profiles/calibration/{SHIPPED_CLUSTER}.raw.json)")
     p.add_argument("--from-raw", default=None, help="refit saved raw points instead of measuring")
+    p.add_argument("--runs", nargs="+", metavar="PLAN:METRICS", default=None,
+                   help="optional whole-run refinement: measured runs (plan file:metrics file) to fit the one "
+                        "run-level parameter, collective_wait_factor, on every other run and test on the rest "
+                        "(reported apart from the kernel-level fit)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
@@ -59,6 +63,21 @@ def run(args: argparse.Namespace) -> int:
     cluster_out = args.cluster_out or str(PROFILES_DIR / "clusters" / f"{SHIPPED_CLUSTER}.yaml")
     device, cluster = build_profiles(raw, SHIPPED_DEVICE if shipped else "calibrated-cpu",
                                      SHIPPED_CLUSTER if shipped else "calibrated-cpu-local")
+    refinement = None
+    if args.runs:
+        pairs = []
+        for item in args.runs:
+            plan_path, sep, metrics_path = item.rpartition(":")
+            if not sep or not plan_path or not metrics_path:
+                raise SpecError(f"--runs: {item!r} is not PLAN:METRICS (a plan file, a colon, its metrics file)")
+            pairs.append((plan_path, metrics_path))
+        from autoplan.report.refine import refine
+
+        say(f"refinement: {len(pairs)} measured runs")
+        refinement = refine(cluster, pairs)
+        import dataclasses
+
+        cluster = dataclasses.replace(cluster, collective_wait_factor=refinement.factor)
     header = (f"# {device.name}: fitted by `autoplan calibrate --nproc {raw['nproc']}` from kernel and op "
               "microbenchmarks (residuals: every measured point against the fitted fields)\n")
     write_atomic(device_out, dump_yaml(device, header))
@@ -91,5 +110,16 @@ def run(args: argparse.Namespace) -> int:
     print("residuals (|fitted - measured| / measured): field, points, median, max")
     for field, n, med, worst in summarize(device.residuals + cluster.residuals):
         print(f"  {field:<58} {n:3d}  {100 * med:6.1f}%  {100 * worst:6.1f}%")
+    if refinement is not None:
+        r = refinement
+        test = (f"held-out {len(r.test_runs)} runs {100 * r.test_error_before:.1f}% -> {100 * r.test_error_after:.1f}%"
+                if r.test_runs else "no held-out runs")
+        print(f"run-level refinement (separate from the kernel-level fit above): collective_wait_factor "
+              f"{r.factor} fitted on {len(r.fit_runs)} runs, median |step error| {100 * r.fit_error_before:.1f}% -> "
+              f"{100 * r.fit_error_after:.1f}%; {test}")
+        for name in r.fit_runs:
+            print(f"  fit:  {name}")
+        for name in r.test_runs:
+            print(f"  test: {name}")
     print(f"wrote {device_out} and {cluster_out}", file=sys.stderr)
     return 0

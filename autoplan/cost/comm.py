@@ -42,6 +42,8 @@ class GroupLink:
     """Fixed start-up cost of one collective on this group."""
     fits: tuple[CollectiveFit, ...] = ()
     """Measured fits for this group size, one per collective (they replace the link formula)."""
+    wait_factor: float = 1.0
+    """Cluster.collective_wait_factor: scales the fits' alpha inside a training step."""
 
     def fit(self, kind: str) -> CollectiveFit | None:
         return next((f for f in self.fits if f.collective == kind), None)
@@ -55,10 +57,12 @@ def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
     fits = tuple(f for kind in ("all_reduce", "all_gather", "reduce_scatter")
                  if (f := cluster.collective_fit(kind, size)) is not None) if size > 1 else ()
     if size <= 1 or size * stride <= per_node:
-        return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base, fits)
+        return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base, fits,
+                         cluster.collective_wait_factor)
     members_per_node = max(1, per_node // stride)
     inter_bw = min(intra.bandwidth_gb_per_s, members_per_node * cluster.inter_node.bandwidth_gb_per_s)
-    return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base, fits)
+    return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base, fits,
+                     cluster.collective_wait_factor)
 
 
 def collective_time_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:
@@ -74,7 +78,7 @@ def collective_latency_s(kind: Collective, link: GroupLink) -> float:
         return 0.0
     fit = link.fit(kind)
     if fit is not None:
-        return fit.alpha_us * 1e-6
+        return fit.alpha_us * 1e-6 * link.wait_factor
     return link.base_latency_s + (2 * (n - 1) if kind == "all_reduce" else n - 1) * link.latency_s
 
 
@@ -94,6 +98,6 @@ def p2p_time_s(cluster: Cluster, size_bytes: float, src_rank: int, dst_rank: int
     same_node = src_rank // cluster.devices_per_node == dst_rank // cluster.devices_per_node
     fit = cluster.collective_fit("send_recv", 2) if same_node else None
     if fit is not None:
-        return fit.alpha_us * 1e-6 + size_bytes / (fit.busbw_gb_per_s * 1e9)
+        return fit.alpha_us * 1e-6 * cluster.collective_wait_factor + size_bytes / (fit.busbw_gb_per_s * 1e9)
     link = cluster.intra_node if same_node else cluster.inter_node
     return link.latency_us * 1e-6 + size_bytes / (link.bandwidth_gb_per_s * 1e9)

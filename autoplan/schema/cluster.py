@@ -80,6 +80,11 @@ class Cluster:
     still share (SMT siblings, caches, memory bandwidth). Empty: max(1, R / cores_per_node)."""
     corun_host_slowdown: tuple[float, ...] = ()
     """The same for host-bound work (chains of tiny eager ops: dispatch, autograd, allocation)."""
+    collective_wait_factor: float = 1.0
+    """Multiplier on the measured collectives' alpha inside a training step, where ranks reach a collective
+    skewed by time-slicing instead of lined up by a barrier as in the microbenchmark. 1.0: the kernel-only
+    calibration; only ``autoplan calibrate --runs`` (the optional whole-run refinement) fits it, on the
+    runs it names, and reports it apart from the kernel-level fit with its error on held-out runs."""
     collectives: tuple[CollectiveFit, ...] = ()
     """Measured alpha-beta fits per collective, group size and ranks on the node (see the module doc)."""
     residuals: tuple[Residual, ...] = ()
@@ -94,6 +99,7 @@ class Cluster:
                 f"than {MAX_DEVICES:,}")
         require_physical(self)  # collective_latency_us in [0, 1e8]
         require(self.cores_per_node >= 0, "cores_per_node", "must be >= 0 (0: devices do not share cores)")
+        require(0.1 <= self.collective_wait_factor <= 100, "collective_wait_factor", "must be in [0.1, 100]")
         for field in ("corun_kernel_slowdown", "corun_host_slowdown"):
             require(all(0.5 <= x <= 1000 for x in getattr(self, field)), field,
                     "each entry is a slow-down factor between 0.5 and 1000 (entry R-1: R ranks at once)")
