@@ -11,7 +11,8 @@ GPU predictions do not move. On a CPU host (``cores_per_node`` > 0):
   pipeline, R is the node's ranks times the schedule's busy fraction: a rank that waits for a transfer
   blocks in gloo and frees its core for the others. The fraction is the one of the schedule's own
   action lists simulated with uniform stages (forward 1, backward 2), so it depends on the configuration
-  only and every layout of it shares one factor (the search stays exact). The end of the step (the optimizer) runs on all ranks at once: the kernel slow-down at all the node's ranks.
+  only and every layout of it shares one factor (the search stays exact). The end of the step (the
+  optimizer) runs on all ranks at once: the kernel slow-down at all the node's ranks.
 * FSDP2's collectives where the runtime issues them (runtime/parallel/data_parallel.py), each with its
   measured latency (``fsdp_layer_s``, ``fsdp_step_s``): one unit per block and the stage root (embedding,
   head). Without pipelining, ZeRO-3 all-gathers a unit's weights for its forward and again for its
