@@ -22,6 +22,22 @@ The embedding gathers its rows (and adds the learned positions for gpt); the hea
 and runs the cross-entropy over the padded vocabulary (read the logits, write the fp32 log-softmax, read it
 back for the loss). Vocabulary-parallel cross-entropy all-reduces three per-token values (max, sum of
 exponentials, target logit; Megatron's ``_VocabParallelCrossEntropy``).
+
+Backward TP all-reduces without SP, as this project's runtime issues them: it parallelises q, k, v (and
+the MLP's input matrices) as separate ``ColwiseParallel`` modules (runtime/parallel/tensor_parallel.py),
+and DTensor all-reduces the input gradient of each at its module boundary: 3 + 1 (gpt) or 3 + 2 (llama)
+per block, not Megatron's one per column -> row pair (fused QKV). A torch profiler trace of a tp4
+gpt-tiny step on gloo shows 53 DTensor all-reduces, as this count gives. Priced so on a CPU host (a
+calibrated cluster predicts the runtime); GPU clusters keep Megatron's count, which their published
+reference figures were measured with.
+
+Host work (``HostOps``, priced only where the device has host fields, i.e. on a CPU): the eager ops of
+the runtime's reference layers (runtime/models/gpt.py, llama.py) as ``TorchDispatchMode`` counts them,
+per forward and backward of one micro-batch, in ``HOST_OP_COUNTS``; they do not depend on the shapes.
+tests/planner/test_host_ops.py recounts them on the runtime's layers. Dropout > 0 adds mask ops and runs
+the attention core once per (row, head) (runtime/models/dropout.py): not counted here, so the host time
+of a model with dropout is underestimated. TP-parallelised modules per layer: q, k, v, o and the MLP's
+matrices of a block, the vocabulary-parallel embedding, the head.
 """
 
 from __future__ import annotations
@@ -29,16 +45,49 @@ from __future__ import annotations
 from autoplan.cost import activations as act
 from autoplan.cost.activations import SavedBytes
 from autoplan.cost.context_parallel import ring_exchange
-from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps, Message, shard_sequence
+from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, shard_sequence
 from autoplan.schema import ModelSpec
 
+# (forward compute ops, forward views, backward compute ops, backward views) per layer and architecture,
+# dropout 0, counted by autoplan.profiler.hardware.op_count on the runtime's layers (the head includes the
+# loss: log-softmax and NLL; a tied head adds its gradient into the embedding's)
+HOST_OP_COUNTS: dict[tuple[str, str], tuple[int, int, int, int]] = {
+    ("gpt", "embedding"): (4, 0, 4, 3),
+    ("gpt", "block"): (5, 27, 14, 68),
+    ("gpt", "head"): (4, 5, 6, 10),
+    ("llama", "embedding"): (1, 0, 2, 1),
+    ("llama", "block"): (39, 34, 61, 71),
+    ("llama", "head"): (9, 6, 18, 13),
+}
 
-def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str, cp: int = 1) -> LayerOps:
-    """One block on one device: ``s`` is the whole sequence; under ``cp`` the device holds s / cp of it."""
+
+def host_ops(model: ModelSpec, layer: str) -> HostOps:
+    """The host-op counts, parallelised modules and parameter tensors of one layer of ``model``."""
+    fwd_ops, fwd_views, bwd_ops, bwd_views = HOST_OP_COUNTS[(model.architecture, layer)]
+    gpt = model.architecture == "gpt"
+    if layer == "block":
+        linears = 4 + model.mlp_matrices
+        tensors = 2 * linears + 4 if gpt else linears + 2  # gpt: weights and biases, two LayerNorms (w, b)
+        tp_tensors = 2 * linears if gpt else linears
+        return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, linears, tensors, tp_tensors)
+    if layer == "embedding":
+        return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, 1, 2 if gpt else 1, 1)
+    norm = 2 if gpt else 1
+    projection = 0 if model.tie_embeddings else 1
+    return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, 1, norm + projection, projection)
+
+
+def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str, cp: int = 1,
+              per_module_input_grads: bool = False) -> LayerOps:
+    """One block on one device: ``s`` is the whole sequence; under ``cp`` the device holds s / cp of it.
+
+    ``per_module_input_grads``: price the backward TP all-reduces as the runtime's DTensor TP issues them
+    (see the module doc); False: Megatron's one per column -> row pair, what the published GPU figures
+    (Korthikanti et al. 2022, Table 4) are measured with."""
     if cp > 1:
         if attention != "flash":
             raise ValueError("context parallelism runs ring attention on flash kernels (plan.py refuses standard)")
-        ops = block_ops(model, b, s, tp, sp, e, attention)
+        ops = block_ops(model, b, s, tp, sp, e, attention, per_module_input_grads=per_module_input_grads)
         local = b * s // cp  # this rank's tokens
         ring = ring_exchange(cp, local * model.hidden_size / tp, 2 * local * model.kv_size / tp, e)
         return shard_sequence(ops, cp, ring)
@@ -57,13 +106,16 @@ def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, atten
     if model.dropout > 0:
         elementwise += 2 * tokens * h * r
     fwd, bwd = block_tp_messages(hidden, sp, splits=2)
+    if per_module_input_grads and not sp:
+        bwd = (Message("all_reduce", hidden),) * (3 + model.mlp_matrices - 1)  # q, k, v; fc1, or gate and up
     # norm weights (and, for gpt, the biases of the row-parallel o and fc2, added after their all-reduce)
     # stay whole on every TP rank; everything else is split
     replicated = 2 * h if model.architecture == "llama" else 6 * h
     core = AttentionCore(b, model.num_attention_heads / tp, s, model.head_dim, model.dropout > 0)
     return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
                     elementwise_bytes=elementwise, elementwise_kernels=kernels,
-                    saved=act.block_saved_bytes(model, b, s, tp, sp, e, attention), tp_fwd=fwd, tp_bwd=bwd)
+                    saved=act.block_saved_bytes(model, b, s, tp, sp, e, attention), tp_fwd=fwd, tp_bwd=bwd,
+                    host=host_ops(model, "block"))
 
 
 def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
@@ -100,7 +152,7 @@ def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, c
     bwd = (Message("all_gather", hidden),) if sp else ()
     return LayerOps(params=vocab * model.hidden_size / tp + pos, gemms=(), attention=None,
                     elementwise_bytes=moved, elementwise_kernels=2, saved=SavedBytes(saved, saved, saved),
-                    tp_fwd=fwd, tp_bwd=bwd)
+                    tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "embedding"))
 
 
 def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: int = 1) -> LayerOps:
@@ -121,4 +173,4 @@ def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: in
     bwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
     return LayerOps(params=norm_params + projection, gemms=(Gemm(tokens, vocab // tp, model.hidden_size, fp8=False),),
                     attention=None, elementwise_bytes=moved, elementwise_kernels=3,
-                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd)
+                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "head"))

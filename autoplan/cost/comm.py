@@ -15,6 +15,10 @@ consecutive ranks fill a node first, so a TP group is stride 1, a CP group strid
 tp x cp <= devices per node), and the dp x cp ranks that reduce gradients together stride tp. A group whose members span nodes with g members per node is limited by
 min(intra-node bandwidth, g x the per-device inter-node bandwidth): every member drives its own NIC
 (rail-optimised rings, one NIC per GPU as in DGX nodes).
+
+A cluster with measured fits (``Cluster.collectives``, gloo on a CPU host) prices a group of n by the fit
+of its collective at n instead: t = alpha + factor * S / busbw, alpha and busbw as measured with the
+node's ranks all running (schema/cluster.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autoplan.schema import Cluster
+from autoplan.schema.cluster import CollectiveFit
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter"]
 
@@ -36,6 +41,13 @@ class GroupLink:
     latency_s: float
     base_latency_s: float = 0.0
     """Fixed start-up cost of one collective on this group."""
+    fits: tuple[CollectiveFit, ...] = ()
+    """Measured fits for this group size, one per collective (they replace the link formula)."""
+    wait_factor: float = 1.0
+    """Cluster.collective_wait_factor: scales the fits' alpha inside a training step."""
+
+    def fit(self, kind: str) -> CollectiveFit | None:
+        return next((f for f in self.fits if f.collective == kind), None)
 
 
 def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
@@ -43,11 +55,15 @@ def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
     per_node = cluster.devices_per_node
     intra = cluster.intra_node
     base = cluster.collective_latency_us * 1e-6
+    fits = tuple(f for kind in ("all_reduce", "all_gather", "reduce_scatter")
+                 if (f := cluster.collective_fit(kind, size)) is not None) if size > 1 else ()
     if size <= 1 or size * stride <= per_node:
-        return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base)
+        return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base, fits,
+                         cluster.collective_wait_factor)
     members_per_node = max(1, per_node // stride)
     inter_bw = min(intra.bandwidth_gb_per_s, members_per_node * cluster.inter_node.bandwidth_gb_per_s)
-    return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base)
+    return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base, fits,
+                     cluster.collective_wait_factor)
 
 
 def collective_time_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:
@@ -61,6 +77,9 @@ def collective_latency_s(kind: Collective, link: GroupLink) -> float:
     n = link.size
     if n <= 1:
         return 0.0
+    fit = link.fit(kind)
+    if fit is not None:
+        return fit.alpha_us * 1e-6 * link.wait_factor
     return link.base_latency_s + (2 * (n - 1) if kind == "all_reduce" else n - 1) * link.latency_s
 
 
@@ -70,11 +89,16 @@ def collective_bandwidth_s(kind: Collective, size_bytes: float, link: GroupLink)
     if n <= 1:
         return 0.0
     factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
-    return factor * size_bytes / link.bandwidth_bytes_per_s
+    fit = link.fit(kind)
+    return factor * size_bytes / (fit.busbw_gb_per_s * 1e9 if fit is not None else link.bandwidth_bytes_per_s)
 
 
 def p2p_time_s(cluster: Cluster, size_bytes: float, src_rank: int, dst_rank: int) -> float:
-    """One send/recv between two global ranks: latency + bytes / bandwidth of the link between them."""
+    """One send/recv between two global ranks: latency + bytes / bandwidth of the link between them (the
+    measured send_recv fit within a node where the cluster has one)."""
     same_node = src_rank // cluster.devices_per_node == dst_rank // cluster.devices_per_node
+    fit = cluster.collective_fit("send_recv", 2) if same_node else None
+    if fit is not None:
+        return fit.alpha_us * 1e-6 * cluster.collective_wait_factor + size_bytes / (fit.busbw_gb_per_s * 1e9)
     link = cluster.intra_node if same_node else cluster.inter_node
     return link.latency_us * 1e-6 + size_bytes / (link.bandwidth_gb_per_s * 1e9)

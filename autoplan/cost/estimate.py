@@ -94,15 +94,18 @@ def with_local_params(predicted: Predicted, model: ModelSpec, layout: Layout, tr
 def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], ev: Evaluation) -> TimeBreakdown:
     """Where the critical rank's step goes; ``bubble_s`` is what its busy time and transfers leave idle."""
     r, m = ev.critical_rank, t.config.num_microbatches
+    share = t.share  # a CPU host's co-running ranks stretch compute (cost/host_terms.py)
     compute = recompute = tp_comm = cp_comm = 0.0
     for s in t.stages_of(r):
         n, sh = shapes[s].layers, shapes[s]
         layers = [(w.block, n)] + ([(w.embedding, 1)] if s == 0 else []) + ([(w.head, 1)] if s == t.num_stages - 1 else [])
         for cost, count in layers:
-            compute += m * count * (cost.fwd_s + cost.bwd_s)
+            compute += m * count * share.scaled_s(cost.fwd_s + cost.bwd_s, cost.host_fwd_s + cost.host_bwd_s)
             tp_comm += m * count * (cost.tp_fwd_s + cost.tp_bwd_s)
             cp_comm += m * count * (cost.cp_fwd_s + cost.cp_bwd_s)
-        recompute += m * (sh.selective * w.block.selective_extra_s + sh.full * w.block.fwd_s)
+        compute += m * (t.action_fwd_ns + t.action_bwd_ns) * 1e-9  # pipeline runtime's host work per action
+        recompute += m * (sh.selective * w.block.selective_extra_s * share.pipeline
+                       + sh.full * share.scaled_s(w.block.fwd_s, w.block.host_fwd_s))
         tp_comm += m * sh.full * w.block.tp_fwd_s
         cp_comm += m * sh.full * w.block.cp_fwd_s
     busy = ev.timeline.busy(r) * 1e-9
@@ -112,7 +115,8 @@ def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], e
     pp_comm = min(path, max(0.0, end_s - busy))
     step_s = ev.step_ns * 1e-9
     optimizer = _optimizer_s(t, shapes, r)
-    dp_comm = ev.rank_tail_ns[r] * 1e-9 - optimizer  # exposed gradient reduction + ZeRO-1/2 weight all-gather
+    # exposed gradient reduction + ZeRO-1/2 weight all-gather + the runtime's per-step small collectives
+    dp_comm = ev.rank_tail_ns[r] * 1e-9 - optimizer
     bubble = step_s - (compute + recompute + tp_comm + cp_comm + zero3 + pp_comm + dp_comm + optimizer)
     return TimeBreakdown(compute_s=compute, recompute_s=recompute, tp_comm_s=tp_comm, pp_comm_s=pp_comm,
                          zero3_gather_s=zero3, bubble_s=max(0.0, bubble), dp_comm_s=dp_comm, optimizer_s=optimizer,
@@ -146,5 +150,6 @@ def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes
         weights_gib=params * per_param.weights / GIB, gradients_gib=params * per_param.gradients / GIB,
         optimizer_gib=params * per_param.optimizer / GIB, activations_gib=mem.activations_bytes / GIB,
         buffers_gib=mem.fixed_bytes / GIB, reserve_gib=mem.reserve_bytes / GIB, total_gib=mem.total_bytes / GIB,
+        runtime_gib=mem.baseline_bytes / GIB,
     )
 

@@ -30,10 +30,12 @@ class RankMemory:
     """At the rank's peak: saved activations of the micro-batches in flight, plus recompute working memory."""
     fixed_bytes: int
     reserve_bytes: float
+    baseline_bytes: int = 0
+    """The training process's own memory besides tensors (a CPU rank's heap baseline)."""
 
     @property
     def total_bytes(self) -> float:
-        return self.states_bytes + self.activations_bytes + self.fixed_bytes + self.reserve_bytes
+        return self.states_bytes + self.activations_bytes + self.fixed_bytes + self.reserve_bytes + self.baseline_bytes
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,14 @@ def rank_memory(t: StageTable, shapes: tuple[StageShape, ...], rank: int,
     acts = max((sum(c * per_stage[s] for s, c in vec.items()) for vec in peaks), default=0)
     acts += recompute_transient(t, shapes, rank)
     fixed = rank_fixed_dynamic(t, rank)
-    return RankMemory(rank_states(t, rank).value(values), acts, fixed, (acts + fixed) * RESERVE_PERMILLE / PERMILLE)
+    return RankMemory(rank_states(t, rank).value(values), acts, fixed, (acts + fixed) * RESERVE_PERMILLE / PERMILLE,
+                      t.baseline_bytes)
 
 
 def fits_in(t: StageTable, memory: RankMemory) -> bool:
     dynamic = memory.activations_bytes + memory.fixed_bytes
-    return PERMILLE * memory.states_bytes + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * t.capacity_bytes
+    fixed = memory.states_bytes + memory.baseline_bytes
+    return PERMILLE * fixed + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * t.capacity_bytes
 
 
 def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:

@@ -25,6 +25,9 @@ Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
 * memory-bound (element-wise) work between the GEMMs: the bytes given, backward BACKWARD_MEMORY_FACTOR x;
   without gradient-accumulation fusion the backward also adds each weight gradient into the fp32 buffer
   (read the gradient, read and write the buffer: e + 8 bytes per parameter, every micro-batch).
+* host time (``HostOps`` priced by the device's host fields, schema/hardware.py; 0 on GPUs): the layer's
+  eager ops and views forward and backward, and under TP the extra DTensor work of each parallelised
+  module. Recomputation reruns it with the forward it reruns.
 """
 
 from __future__ import annotations
@@ -107,6 +110,22 @@ class Message:
 
 
 @dataclass(frozen=True)
+class HostOps:
+    """What one layer costs the host, counted as ``TorchDispatchMode`` sees the runtime's layer run
+    (cost/analytic_ops.py): compute ops and view ops per forward and per backward, GEMM and attention calls
+    excluded (their curves carry their fixed cost); the modules tensor parallelism wraps in DTensor; the
+    parameter tensors the optimizer steps one by one, and how many of them TP makes DTensors."""
+
+    fwd_ops: int = 0
+    fwd_views: int = 0
+    bwd_ops: int = 0
+    bwd_views: int = 0
+    tp_modules: int = 0
+    param_tensors: int = 0
+    tp_param_tensors: int = 0
+
+
+@dataclass(frozen=True)
 class LayerOps:
     """One layer (the embedding, one block or the head) for one micro-batch on one device, after TP."""
 
@@ -122,6 +141,7 @@ class LayerOps:
     tp_bwd: tuple[Message, ...] = ()
     ring: RingExchange | None = None
     """Context parallelism: the K/V the block's ring attention exchanges (None without cp)."""
+    host: HostOps = HostOps()
 
 
 def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> LayerOps:
@@ -181,6 +201,13 @@ class LayerCost:
     cp_fwd_s: float = 0.0
     """Context parallelism: the ring's exchange not hidden behind the attention kernels, forward."""
     cp_bwd_s: float = 0.0
+    host_fwd_s: float = 0.0
+    """Of ``fwd_s``, host (framework) time: eager ops, views, DTensor modules (CPU devices)."""
+    host_bwd_s: float = 0.0
+    param_tensors: int = 0
+    """Parameter tensors of the layer (the optimizer's per-tensor host cost)."""
+    tp_param_tensors: int = 0
+    """Of those, the ones TP turns into DTensors (all of them are DTensors under FSDP2 / replicate)."""
 
     @property
     def full_extra_s(self) -> float:
@@ -198,6 +225,8 @@ class LayerTimes:
     attention_bwd_s: float
     elementwise_fwd_s: float
     elementwise_bwd_s: float
+    host_fwd_s: float = 0.0
+    host_bwd_s: float = 0.0
 
 
 def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> LayerTimes:
@@ -225,7 +254,10 @@ def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> Lay
     if ops.ring is not None:  # ring attention's log-sum-exp merges and fp32 gradient accumulation
         elem_fwd += memory_time_s(ops.ring.merge_fwd_bytes, device, ops.ring.merge_fwd_kernels)
         elem_bwd += memory_time_s(ops.ring.merge_bwd_bytes, device, ops.ring.merge_bwd_kernels)
-    return LayerTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd)
+    host = ops.host
+    host_fwd = (host.fwd_ops * device.host_op_us + host.fwd_views * device.host_view_op_us) * 1e-6
+    host_bwd = (host.bwd_ops * device.host_backward_op_us + host.bwd_views * device.host_backward_view_op_us) * 1e-6
+    return LayerTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd, host_fwd, host_bwd)
 
 
 def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSetup) -> tuple[float, float]:
@@ -234,9 +266,10 @@ def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSe
         # under cp the load-balanced ring runs cp kernels per direction, each on the rank's s/cp queries and
         # executing 1/cp of its causal work: the same causal fraction in total (context_parallel.py)
         executed = FLASH_CAUSAL_FACTOR * core.flops
-        return (flash_attention_time_s(executed, core.kernel_seq_len, device, act, "fwd", calls=core.cp),
+        return (flash_attention_time_s(executed, core.kernel_seq_len, device, act, "fwd", calls=core.cp,
+                                       head_dim=core.head_dim),
                 flash_attention_time_s(FLASH_BACKWARD_FLOPS * executed, core.kernel_seq_len, device, act, "bwd",
-                                       calls=core.cp))
+                                       calls=core.cp, head_dim=core.head_dim))
     e = 4 if act == "fp32" else 2
     scores = core.score_elements
     qkv = e * core.batch * core.heads * core.seq_len * core.head_dim  # q (or k, v, the output) bytes
@@ -261,13 +294,18 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, tp: int
     tp_fwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_fwd) if tp > 1 else 0.0
     tp_bwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_bwd) if tp > 1 else 0.0
     standard = ops.attention is not None and training.attention == "standard"
+    device = cluster.device
+    tp_host_fwd = ops.host.tp_modules * device.tp_module_fwd_us * 1e-6 if tp > 1 else 0.0
+    tp_host_bwd = ops.host.tp_modules * device.tp_module_bwd_us * 1e-6 if tp > 1 else 0.0
     return LayerCost(
         params=ops.params,
-        fwd_s=t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s,
-        bwd_s=t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s,
+        fwd_s=t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s + t.host_fwd_s + tp_host_fwd,
+        bwd_s=t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s + t.host_bwd_s + tp_host_bwd,
         fwd_flops=sum(g.flops for g in ops.gemms) + (ops.attention.flops if ops.attention else 0.0),
         saved_bytes=ops.saved.none, selective_saved_bytes=ops.saved.selective, full_saved_bytes=ops.saved.full,
         selective_extra_s=t.attention_fwd_s if standard else 0.0,
         selective_extra_flops=ops.attention.flops if standard else 0.0,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
+        host_fwd_s=t.host_fwd_s + tp_host_fwd, host_bwd_s=t.host_bwd_s + tp_host_bwd,
+        param_tensors=ops.host.param_tensors, tp_param_tensors=ops.host.tp_param_tensors if tp > 1 else 0,
     )

@@ -27,7 +27,8 @@ class RankTerms:
     peaks: tuple[tuple[int, ...], ...]
     """Per memory peak, the micro-batches in flight on each of ``stages`` (same order)."""
     state_const: int
-    """Embedding and head states on this rank (bytes); blocks add ``block_state_bytes`` per layer."""
+    """Embedding and head states on this rank and the process baseline (bytes); blocks add
+    ``block_state_bytes`` per layer."""
     act_const: tuple[int, ...]
     """Embedding / head activations per micro-batch on each of ``stages``."""
     fixed: int
@@ -50,8 +51,10 @@ class LayoutTerms:
         S, last = t.num_stages, t.num_stages - 1
         self.num_stages = S
         self.num_microbatches = t.config.num_microbatches
-        self.fwd_const = [(t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == last else 0) for s in range(S)]
-        self.bwd_const = [(t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == last else 0) for s in range(S)]
+        self.fwd_const = [(t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == last else 0) + t.action_fwd_ns
+                          for s in range(S)]
+        self.bwd_const = [(t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == last else 0) + t.action_bwd_ns
+                          for s in range(S)]
         self.block_fwd, self.block_bwd = t.block.fwd_ns, t.block.bwd_ns
         self.sel_ns, self.full_ns = t.selective_extra_ns, t.full_extra_ns
         self.act = t.block_act_bytes
@@ -70,7 +73,8 @@ class LayoutTerms:
             first, has_last = 0 in stages, last in stages
             self.ranks.append(RankTerms(
                 rank=r, stages=stages, peaks=peaks,
-                state_const=(t.embedding_state_bytes if first else 0) + (t.head_state_bytes if has_last else 0),
+                state_const=(t.embedding_state_bytes if first else 0) + (t.head_state_bytes if has_last else 0)
+                + t.baseline_bytes,
                 act_const=tuple((t.embedding_act_bytes if s == 0 else 0) + (t.head_act_bytes if s == last else 0)
                                 for s in stages),
                 fixed=t.zero3_buffer_bytes + max(t.ring_transient_bytes, t.logits_transient_bytes if has_last else 0),
@@ -78,7 +82,8 @@ class LayoutTerms:
                             + t.sync_latency_ns) if dp > 1 else 0,
                 sync_per_layer=t.sync_block_ns if dp > 1 else 0,
                 after_const=(t.gather_embedding_ns + t.optim_embedding_ns if first else 0)
-                + (t.gather_head_ns + t.optim_head_ns if has_last else 0) + gather_latency,
+                + (t.gather_head_ns + t.optim_head_ns if has_last else 0) + gather_latency + t.step_sync_ns
+                + (t.tied_sync_ns if first or has_last else 0),
                 after_per_layer=t.gather_block_ns + t.optim_block_ns,
                 window_stage=last_stage if t.overlap_grad_reduce else None,
                 first_stage=first_stage, last_stage=last_stage,

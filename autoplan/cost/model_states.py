@@ -51,6 +51,10 @@ def state_bytes_per_param(training: TrainingSetup, zero_stage: int, dp: int, off
     )
 
 
+ADAMW_FP32_STEP_BYTES = 4 + 8 + 28
+"""optimizer_step_bytes of fp32 AdamW with clipping: the step a CPU's ``optimizer_ns_per_param`` is measured on."""
+
+
 def optimizer_step_bytes(training: TrainingSetup) -> int:
     """Bytes per parameter the end-of-step kernels read and write (all memory-bound), as Megatron-LM's mixed
     precision optimizer and torch's ``clip_grad_norm_`` + AdamW do them, with fp32 gradients and states:

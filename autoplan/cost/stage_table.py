@@ -9,6 +9,11 @@ below the model's accuracy.
 
 Memory is compared as ``PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * capacity``
 so that the fragmentation reserve stays in integer arithmetic too.
+
+On a CPU host the table also carries what cost/host_terms.py adds: every compute and host time scaled by
+the shared-cores factor, FSDP2's collectives where the runtime issues them, the pipeline runtime's host
+work per action (``action_ns``), the optimizer's per-tensor work, the runtime's per-step small
+collectives (``step_sync_ns``) and the process's memory baseline (``baseline_bytes``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, collective_time_s, group_link, p2p_time_s
-from autoplan.cost.model_states import optimizer_step_bytes, state_bytes_per_param
+from autoplan.cost.host_terms import (
+    CoreShare, core_share, fsdp_layer, optimizer_tensor_s, replicate_microbatch_s, step_sync_s,
+)
+from autoplan.cost.model_states import ADAMW_FP32_STEP_BYTES, optimizer_step_bytes, state_bytes_per_param
 from autoplan.schema.schedule import RankOrders, build_schedule
 from autoplan.cost.workload import LayerCost, Workload
 from autoplan.schema import Cluster, TrainingSetup
@@ -77,6 +85,17 @@ class StageTable:
     overlap_grad_reduce: bool
     ring_transient_bytes: int = 0
     """Context parallelism: one block's ring attention buffers (gathered K/V, dK/dV in flight)."""
+    action_fwd_ns: int = 0
+    """Per stage and micro-batch, added to each forward action: the pipeline runtime's host work (pp > 1) and
+    a replicate root's hooks (ZeRO-0 under dp > 1) on a CPU host."""
+    action_bwd_ns: int = 0
+    step_sync_ns: int = 0
+    """The runtime's per-step small collectives, on every rank (host_terms.step_sync_s)."""
+    tied_sync_ns: int = 0
+    """The tied embedding's gradient all-reduce, on the first and the last pipeline rank."""
+    baseline_bytes: int = 0
+    """Memory of the training process besides tensors (device memory_baseline_gib)."""
+    share: CoreShare = CoreShare()
 
     @property
     def num_stages(self) -> int:
@@ -126,35 +145,58 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
     dp_link = group_link(cluster, c.dp_cp, c.tp)
     weight_bytes = 2 if training.mixed_precision else 4
 
+    share = core_share(cluster, c)
+    serial = cluster.shares_cores  # gloo on a CPU host: collectives do not overlap compute (host_terms.py)
+
     def gather_s(layer: LayerCost) -> float:  # ZeRO-3: all-gather one layer's weights over dp x cp
         return collective_time_s("all_gather", layer.params * weight_bytes, dp_link) if c.zero_stage == 3 else 0.0
 
     def times(layer: LayerCost) -> LayerTimes:
+        if serial:
+            fsdp = fsdp_layer(cluster, c, layer.params, weight_bytes, share.host)
+            return LayerTimes(_ns(share.scaled_s(layer.fwd_s, layer.host_fwd_s) + layer.tp_fwd_s + fsdp.fwd_s),
+                              _ns(share.scaled_s(layer.bwd_s, layer.host_bwd_s) + layer.tp_bwd_s + fsdp.bwd_s))
         return layer_times(layer, gather_s(layer))
 
     sync_kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
 
     def sync_ns(params: float) -> int:  # bandwidth part only; latency is counted once per rank
+        if serial and c.zero_stage > 0:  # one reduce-scatter per unit where the runtime issues it
+            return _ns(fsdp_layer(cluster, c, params, weight_bytes, share.host).reduce_step_s) if c.dp_cp > 1 else 0
         return _ns(collective_bandwidth_s(sync_kind, params * weight_bytes, dp_link))
 
     def gather_ns(params: float) -> int:
+        if serial and c.zero_stage > 0:
+            return _ns(fsdp_layer(cluster, c, params, weight_bytes, share.host).gather_step_s) if c.dp_cp > 1 else 0
         if c.zero_stage not in (1, 2):
             return 0
         return _ns(collective_bandwidth_s("all_gather", params * weight_bytes, dp_link))
 
-    def optim_ns(params: float) -> int:
+    def optim_ns(params: float, layer: LayerCost, extra_tensors: int = 0) -> int:
         shard = params / c.dp_cp if c.zero_stage >= 1 else params
         if c.offload_optimizer:  # host Adam, gradients down and weights up over PCIe
             return _ns(shard / (cluster.device.host_adam_gparams_per_s * 1e9)
                        + shard * 2 * weight_bytes / (cluster.device.host_link_gb_per_s * 1e9))
         step_bytes = optimizer_step_bytes(training)  # memory-bound (model_states.py)
-        bw = cluster.device.memory_bandwidth_gb_per_s * 1e9 * cluster.device.memory_efficiency
-        return _ns(shard * step_bytes / bw)
+        device = cluster.device
+        if device.optimizer_ns_per_param > 0:  # op by op, as measured (scaled by the fused bytes' ratio)
+            per_param = device.optimizer_ns_per_param * 1e-9 * step_bytes / ADAMW_FP32_STEP_BYTES
+        else:
+            per_param = step_bytes / (device.memory_bandwidth_gb_per_s * 1e9 * device.memory_efficiency)
+        tensors = optimizer_tensor_s(cluster, c, layer.param_tensors + extra_tensors,
+                                     layer.tp_param_tensors + extra_tensors, 1.0)
+        return _ns((shard * per_param + tensors) * share.tail)
 
     def state(params: float) -> int:
         return int(math.ceil(params * states.total))
 
     head_params = workload.head.params + (workload.tied_copy_params if c.pp > 1 else 0.0)
+    tied_copy = 1 if c.pp > 1 and workload.tied_copy_params > 0 else 0  # the last stage's own head weight
+    action_fwd, action_bwd = replicate_microbatch_s(cluster, c, share.host)
+    if c.num_stages > 1:
+        action = cluster.device.pipeline_action_us * 1e-6 * share.host
+        action_fwd, action_bwd = action_fwd + action, action_bwd + action
+    every_sync, tied_sync = step_sync_s(cluster, c, workload.tied_copy_params * weight_bytes)
     # stage s runs on pipeline rank s % pp and sends to rank (s + 1) % pp, inside a node or across
     per_node = cluster.devices_per_node
     intra = _ns(p2p_time_s(cluster, workload.output_bytes, 0, 0))
@@ -169,7 +211,8 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
     capacity = cluster.device.memory_gib * (1 - training.memory_margin) * 2**30
     return StageTable(
         config=c, num_layers=workload.num_layers,
-        block=times(block), selective_extra_ns=_ns(block.selective_extra_s), full_extra_ns=_ns(block.full_extra_s),
+        block=times(block), selective_extra_ns=_ns(block.selective_extra_s * share.pipeline),
+        full_extra_ns=_ns(share.scaled_s(block.fwd_s, block.host_fwd_s) + block.tp_fwd_s),
         embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p,
         block_state_bytes=state(block.params), embedding_state_bytes=state(workload.embedding.params),
         head_state_bytes=state(head_params),
@@ -182,13 +225,17 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
         zero3_buffer_bytes=z3_buffer, capacity_bytes=int(capacity),
         ring_transient_bytes=int(math.ceil(workload.ring_transient_bytes)),
         sync_block_ns=sync_ns(block.params), sync_embedding_ns=sync_ns(workload.embedding.params),
-        sync_head_ns=sync_ns(head_params), sync_latency_ns=_ns(collective_latency_s(sync_kind, dp_link)),
+        sync_head_ns=sync_ns(head_params),
+        sync_latency_ns=0 if serial and c.zero_stage > 0 else _ns(collective_latency_s(sync_kind, dp_link)),
         gather_block_ns=gather_ns(block.params), gather_embedding_ns=gather_ns(workload.embedding.params),
         gather_head_ns=gather_ns(head_params),
-        gather_latency_ns=_ns(collective_latency_s("all_gather", dp_link)) if c.zero_stage in (1, 2) else 0,
-        optim_block_ns=optim_ns(block.params), optim_embedding_ns=optim_ns(workload.embedding.params),
-        optim_head_ns=optim_ns(head_params),
-        overlap_grad_reduce=training.overlap_grad_reduce,
+        gather_latency_ns=_ns(collective_latency_s("all_gather", dp_link)) if c.zero_stage in (1, 2) and not serial else 0,
+        optim_block_ns=optim_ns(block.params, block), optim_embedding_ns=optim_ns(workload.embedding.params,
+                                                                                   workload.embedding),
+        optim_head_ns=optim_ns(head_params, workload.head, tied_copy),
+        overlap_grad_reduce=training.overlap_grad_reduce and not serial,
+        action_fwd_ns=_ns(action_fwd), action_bwd_ns=_ns(action_bwd), step_sync_ns=_ns(every_sync),
+        tied_sync_ns=_ns(tied_sync), baseline_bytes=int(cluster.device.memory_baseline_gib * 2**30), share=share,
     )
 
 

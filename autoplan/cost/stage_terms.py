@@ -50,13 +50,13 @@ def _per_table(fn):
 
 @_per_table
 def stage_fwd(t: StageTable, s: int) -> Linear:
-    const = (t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == t.num_stages - 1 else 0)
+    const = (t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == t.num_stages - 1 else 0) + t.action_fwd_ns
     return Linear({("n", s): t.block.fwd_ns}, const)
 
 
 @_per_table
 def stage_bwd(t: StageTable, s: int) -> Linear:
-    const = (t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == t.num_stages - 1 else 0)
+    const = (t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == t.num_stages - 1 else 0) + t.action_bwd_ns
     return Linear({("n", s): t.block.bwd_ns, ("sel", s): t.selective_extra_ns, ("full", s): t.full_extra_ns}, const)
 
 
@@ -100,8 +100,12 @@ def rank_sync(t: StageTable, rank: int) -> Linear:
 
 @_per_table
 def rank_gather_and_step(t: StageTable, rank: int) -> Linear:
-    """ZeRO-1/2 all-gather of updated weights plus the optimizer step (ns): after the reduction, never hidden."""
+    """ZeRO-1/2 all-gather of updated weights plus the optimizer step (ns): after the reduction, never hidden;
+    and the runtime's per-step small collectives (where the cluster prices them)."""
     gather = _per_rank(t, rank, t.gather_block_ns, t.gather_embedding_ns, t.gather_head_ns)
     if t.config.dp_cp > 1 and t.config.zero_stage in (1, 2):
         gather = Linear(gather.coefs, gather.const + t.gather_latency_ns)
+    stages = t.stages_of(rank)
+    tied = t.tied_sync_ns if (0 in stages or t.num_stages - 1 in stages) else 0
+    gather = Linear(gather.coefs, gather.const + t.step_sync_ns + tied)
     return gather + _per_rank(t, rank, t.optim_block_ns, t.optim_embedding_ns, t.optim_head_ns)

@@ -64,7 +64,8 @@ def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetu
     e = act.elem_bytes(training.activation_precision)
     vocab = model.padded_vocab_size(tp)
     return build_workload(
-        embedding_ops(model, b, s, tp, sp, e, cp), block_ops(model, b, s, tp, sp, e, training.attention, cp),
+        embedding_ops(model, b, s, tp, sp, e, cp),
+        block_ops(model, b, s, tp, sp, e, training.attention, cp, per_module_input_grads=cluster.shares_cores),
         head_ops(model, b, s, tp, sp, e, cp), num_layers=model.num_layers, micro_batch_size=b, tp=tp, sp=sp,
         cluster=cluster, training=training,
         tied_copy_params=vocab * model.hidden_size / tp if model.tie_embeddings else 0.0,

@@ -26,7 +26,8 @@ COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#C44E52", 
 IDLE = "#EEEEEE"
 MEMORY_KINDS = (("weights", "weights_gib", "#4C72B0"), ("gradients", "gradients_gib", "#DD8452"),
                 ("optimizer state", "optimizer_gib", "#8172B2"), ("activations", "activations_gib", "#55A868"),
-                ("buffers", "buffers_gib", "#937860"), ("fragmentation reserve", "reserve_gib", "#BBBBBB"))
+                ("buffers", "buffers_gib", "#937860"), ("fragmentation reserve", "reserve_gib", "#BBBBBB"),
+                ("process baseline", "runtime_gib", "#DA8BC3"))
 
 
 def figure_size_px(sim: SimulatedStep) -> tuple[int, int]:

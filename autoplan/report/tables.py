@@ -49,11 +49,13 @@ def breakdown_table(p: Predicted) -> str:
         ("dp communication", t.dp_comm_s), ("optimizer step", t.optimizer_s))]
     if t.cp_comm_s > 0:
         time_rows.insert(3, ["cp ring exchange", f"{t.cp_comm_s:.4f}", f"{100 * t.cp_comm_s / p.step_time_s:.1f}%"])
-    mem_rows = [[k, f"{v:.2f}"] for k, v in (
+    digits = 2 if m.total_gib >= 1 else 3  # small (CPU) plans: GiB to the MiB
+    runtime = [("process baseline", m.runtime_gib)] if m.runtime_gib else []
+    mem_rows = [[k, f"{v:.{digits}f}"] for k, v in (
         ("weights", m.weights_gib), ("gradients", m.gradients_gib), ("optimizer state", m.optimizer_gib),
         ("activations", m.activations_gib), ("buffers", m.buffers_gib), ("fragmentation reserve", m.reserve_gib),
-        ("total (peak rank)", m.total_gib))]
-    stages = ", ".join(f"{g:.1f}" for g in p.memory_gib_per_stage)
+        *runtime, ("total (peak rank)", m.total_gib))]
+    stages = ", ".join(f"{g:.{digits - 1}f}" for g in p.memory_gib_per_stage)
     return "\n".join([
         f"step {p.step_time_s:.4f} s, {p.tokens_per_s:,.0f} tokens/s, {p.tflops_per_gpu:.1f} TFLOP/s per GPU "
         f"(MFU {100 * p.mfu:.1f}%, with recomputation {p.hardware_tflops_per_gpu:.1f}, HFU {100 * p.hfu:.1f}%)",

@@ -14,6 +14,23 @@ The three curves (cost/compute.py):
   the forward and the backward kernel, counting the FLOPs the kernel executes (half the scores under a
   causal mask) the way the FlashAttention benchmarks count them.
 * memory-bound kernels: bytes read + written over ``memory_efficiency`` x the HBM bandwidth.
+
+Host (framework) time, the fields a CPU profile fills in (``autoplan calibrate``). On a GPU the host
+queues kernels ahead of the device, so its per-op cost hides behind the kernels and these fields stay 0;
+on a CPU the same thread runs the framework and the kernel, one after the other, so every eager op,
+autograd node, DTensor wrapper, FSDP2 hook and pipeline action adds its host time to the step:
+
+* ``host_op_us`` / ``host_view_op_us`` per op of a layer's forward (a compute op other than a GEMM or
+  an attention kernel, whose fixed costs are part of their own curves; a view op), and
+  ``host_backward_op_us`` / ``host_backward_view_op_us`` per op the autograd engine runs in backward,
+  counted the way ``TorchDispatchMode`` sees them (cost/analytic_ops.py has the counts per layer);
+* ``tp_module_fwd_us`` / ``tp_module_bwd_us`` per DTensor-parallelised module (TP), ``fsdp_unit_fwd_us`` /
+  ``fsdp_unit_bwd_us`` per FSDP2 unit, ``pipeline_action_us`` per action of torch's schedule runtime,
+  ``optimizer_tensor_us`` / ``optimizer_dtensor_us`` per parameter tensor and optimizer step;
+* ``memory_baseline_gib``: what a training process holds besides the model's tensors.
+
+Each is measured by a microbenchmark (autoplan/profiler/hardware/host_overhead.py, distributed_overhead.py),
+never fitted to training runs; ``residuals`` keeps every measured point against the fitted value.
 """
 
 from __future__ import annotations
@@ -45,11 +62,46 @@ class MatmulPoint:
 
 
 @dataclass(frozen=True)
+class AttentionPoint:
+    """One measured fused attention kernel (torch SDPA, causal): ``direction`` at ``seq_len`` tokens and
+    ``head_dim`` per head, in ``dtype``, ran at ``tflops`` executed FLOP/s (half the score FLOPs under the
+    causal mask; the backward counted as 2.5 x the forward, cost/layer_ops.py)."""
+
+    seq_len: int
+    head_dim: int
+    direction: Literal["fwd", "bwd"]
+    dtype: Precision
+    tflops: float
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One microbenchmark point against the fitted profile: what was timed, the measured time and the time
+    the fitted fields give for it (both microseconds)."""
+
+    field: str
+    """The fitted field (or fields, comma-separated) this point informs."""
+    point: str
+    measured_us: float
+    fitted_us: float
+
+    @property
+    def relative(self) -> float:
+        return (self.fitted_us - self.measured_us) / self.measured_us if self.measured_us else 0.0
+
+
+@dataclass(frozen=True)
 class FieldSource:
     """Where the value of one field of the profile comes from (paper and table, or repository and file)."""
 
     field: str
     source: str
+
+
+HOST_FIELDS = ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_backward_view_op_us",
+               "tp_module_fwd_us", "tp_module_bwd_us", "fsdp_unit_fwd_us", "fsdp_unit_bwd_us",
+               "pipeline_action_us", "optimizer_tensor_us", "optimizer_dtensor_us")
+"""The host-time fields (microseconds), 0 on GPUs."""
 
 
 @dataclass(frozen=True)
@@ -88,22 +140,69 @@ class DeviceProfile:
     scores: five matmuls against two)."""
     flash_half_seq_len: float = 0.0
     """Sequence length (tokens) at which the attention kernel reaches half its ceiling."""
+    host_op_us: float = 0.0
+    """Host time of one eager compute op of a layer's forward, beyond its bytes (dispatch, autograd
+    recording, output allocation); GEMM and attention calls are excluded (their curves hold their fixed
+    cost). 0: the host runs ahead of the device (GPUs)."""
+    host_view_op_us: float = 0.0
+    """Host time of one view op (view, transpose, detach: metadata only) in a forward."""
+    host_backward_op_us: float = 0.0
+    """Host time of one compute op the autograd engine runs in backward (node dispatch included)."""
+    host_backward_view_op_us: float = 0.0
+    """Host time of one view op in backward."""
+    tp_module_fwd_us: float = 0.0
+    """Extra host time of one DTensor tensor-parallel module (a ColwiseParallel or RowwiseParallel linear)
+    per forward: input/output wrapping, sharding propagation; its collectives are priced separately."""
+    tp_module_bwd_us: float = 0.0
+    """The same per backward."""
+    fsdp_unit_fwd_us: float = 0.0
+    """FSDP2 host work per sharded unit per forward (pre/post hooks, all-gather copy-in and copy-out
+    bookkeeping), beyond the collective itself."""
+    fsdp_unit_bwd_us: float = 0.0
+    """FSDP2 host work per unit per backward (hooks, reduce-scatter copies, resharding)."""
+    pipeline_action_us: float = 0.0
+    """Host work of torch's pipeline schedule runtime per forward or backward action (bookkeeping, posting
+    its sends and receives, the stage's autograd call), beyond compute and transfers."""
+    optimizer_tensor_us: float = 0.0
+    """Host time per parameter tensor per optimizer step (gradient-norm terms, clipping, the AdamW or SGD
+    update run tensor by tensor, zero_grad), beyond the bytes it moves."""
+    optimizer_dtensor_us: float = 0.0
+    """The same for a DTensor parameter (every parameter under FSDP2 or replicate, the TP-sharded ones
+    under TP): each update op goes through DTensor's dispatch."""
+    optimizer_ns_per_param: float = 0.0
+    """Time per parameter of the runtime's optimizer step (gradient norm, clipping, AdamW) on a device that
+    runs it op by op (torch's single-tensor AdamW on a CPU reads and writes each state several times:
+    ~100 bytes per fp32 parameter against the fused kernels' 40); 0: ``optimizer_step_bytes`` over the
+    memory bandwidth (cost/model_states.py)."""
+    memory_baseline_gib: float = 0.0
+    """Memory a training process holds besides the model's tensors, as the runtime's meter counts it: the
+    heap of torch, its distributed packages and the process group on a CPU rank (glibc mallinfo2). 0 on
+    a GPU, where torch.cuda.max_memory_allocated counts tensors only."""
     source: str = ""
     sources: tuple[FieldSource, ...] = ()
     """Per-field sources of the numbers above."""
     matmul_points: tuple[MatmulPoint, ...] = ()
+    attention_points: tuple[AttentionPoint, ...] = ()
+    """Measured attention kernels; when given for the activation dtype, the attention core is priced by
+    interpolating them in (log seq_len, log head_dim) instead of the flash curve (cost/compute.py)."""
+    residuals: tuple[Residual, ...] = ()
+    """Microbenchmark points against the fitted fields (``autoplan calibrate``)."""
 
     def validate(self) -> None:
         require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
         # every field with a unit suffix: peaks and bandwidths > 0, times >= 0, efficiencies in (0, 1];
         # the fp8 and flash-attention fields may be 0 where the device has no such kernel or it was not measured
         require_physical(self, zero_means_absent=("peak_fp8_tflops", "fp8_matmul_efficiency", "flash_fwd_efficiency",
-                                                  "flash_bwd_efficiency"))
+                                                  "flash_bwd_efficiency", "memory_baseline_gib"))
         require(self.flash_half_seq_len >= 0, "flash_half_seq_len", "must be >= 0")
+        require(self.optimizer_ns_per_param >= 0, "optimizer_ns_per_param", "must be >= 0 (0: memory-bound step)")
         require(self.peak_fp8_tflops == 0 or self.fp8_matmul_efficiency > 0, "fp8_matmul_efficiency",
                 "a device with an fp8 peak needs its fp8 GEMM ceiling")
         require((self.flash_fwd_efficiency > 0) == (self.flash_bwd_efficiency > 0), "flash_bwd_efficiency",
                 "give both flash_fwd_efficiency and flash_bwd_efficiency, or neither")
+        for i, p in enumerate(self.attention_points):
+            require(p.seq_len >= 1 and p.head_dim >= 1 and p.tflops > 0, f"attention_points[{i}]",
+                    "needs seq_len, head_dim >= 1 and tflops > 0")
         names = {f.name for f in dataclasses.fields(self)}
         for i, s in enumerate(self.sources):
             require(s.field in names, f"sources[{i}].field", f"{s.field!r} is not a field of a device profile")

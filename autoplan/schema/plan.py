@@ -256,6 +256,9 @@ class MemoryBreakdown:
     reserve_gib: float
     """Allocator fragmentation reserve."""
     total_gib: float
+    runtime_gib: float = 0.0
+    """The training process's own memory besides tensors (a CPU rank's heap of torch and the process group,
+    the device's memory_baseline_gib); 0 on GPUs."""
 
 
 @dataclass(frozen=True)

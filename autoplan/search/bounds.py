@@ -91,10 +91,10 @@ def _pipeline_ns(work: int, block: int, m: int, p: int, v: int, min_layers: int)
 
 
 def states_fit(t: StageTable) -> bool:
-    """The busiest rank holds at least the average of the model states; if that alone exceeds capacity,
-    no layout fits."""
+    """The busiest rank holds at least the average of the model states (and the process baseline); if that
+    alone exceeds capacity, no layout fits."""
     total = t.num_layers * t.block_state_bytes + t.embedding_state_bytes + t.head_state_bytes
-    return total / t.config.pp <= t.capacity_bytes
+    return total / t.config.pp + t.baseline_bytes <= t.capacity_bytes
 
 
 def split_lower_bound_ns(terms: LayoutTerms, split: Sequence[int], pin: Pin) -> int | None:

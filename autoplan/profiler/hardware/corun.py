@@ -1,0 +1,84 @@
+"""How much slower one rank computes while R ranks compute at once on this node (``autoplan calibrate``).
+
+R processes (one intra-op thread each, as the ranks of ``autoplan run`` on a CPU) run the same loop in the
+same wall-clock windows and time it: ``gemm`` (fp32 256x256 GEMMs: the kernel-bound work of a layer) or
+``ops`` (chains of tiny eager ops: the host-bound work), alternating, ``ROUNDS`` windows of each. The
+slow-down at R is the median per-call time over the processes, the least over the rounds (a window that
+another program's work disturbed reads slower, never faster), divided by the time of one process alone. Above the
+core count it is time-slicing (about R / cores, plus the cost of switching); below it, what co-running
+ranks still share (SMT siblings of one physical core, caches, memory bandwidth).
+
+Run as ``python -m autoplan.profiler.hardware.corun START_EPOCH_S WINDOW_S``: prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+KINDS = ("gemm", "ops")
+ROUNDS = 5
+SLOT_S = 0.6
+"""Window spacing: each window of ``window_s`` < SLOT_S starts at start + k * SLOT_S in every process."""
+
+
+def _loop(kind: str):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    x, a, b = torch.randn(2, 32), torch.randn(256, 256), torch.randn(256, 256)
+
+    def gemm() -> None:
+        for _ in range(50):
+            a @ b
+
+    def ops() -> None:
+        y = x
+        for _ in range(500):
+            y = F.gelu(y * 1.001 + 0.5)
+    return gemm if kind == "gemm" else ops
+
+
+def _main(start_s: float, window_s: float) -> None:
+    import json
+
+    loops = {kind: _loop(kind) for kind in KINDS}
+    for fn in loops.values():
+        fn()
+    out: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for k in range(ROUNDS * len(KINDS)):
+        kind = KINDS[k % len(KINDS)]
+        time.sleep(max(0.0, start_s + k * SLOT_S - time.time()))
+        t0, calls = time.perf_counter(), 0
+        while time.perf_counter() - t0 < window_s:
+            loops[kind]()
+            calls += 1
+        out[kind].append((time.perf_counter() - t0) / calls)
+    print(json.dumps(out))
+
+
+def measure_corun(max_ranks: int, window_s: float = 0.4, say=lambda _m: None) -> dict[str, list[float]]:
+    """{kind: [seconds per call with R = 1..max_ranks processes at once]}."""
+    import json
+
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out: dict[str, list[float]] = {k: [] for k in KINDS}
+    for r in range(1, max_ranks + 1):
+        say(f"co-running ranks: {r} at once, GEMMs and eager ops")
+        start = time.time() + 5.0  # after every process has imported torch
+        procs = [subprocess.Popen([sys.executable, "-m", "autoplan.profiler.hardware.corun", str(start), str(window_s)],
+                                  stdout=subprocess.PIPE, text=True, env=env) for _ in range(r)]
+        results = [json.loads(p.communicate()[0]) for p in procs]
+        for kind in KINDS:
+            out[kind].append(min(statistics.median(res[kind][i] for res in results) for i in range(ROUNDS)))
+    return out
+
+
+if __name__ == "__main__":
+    _main(float(sys.argv[1]), float(sys.argv[2]))

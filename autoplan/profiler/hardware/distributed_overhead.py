@@ -1,0 +1,221 @@
+"""Microbenchmarks that need several ranks: collectives as training issues them, FSDP2's host work per
+unit and the pipeline runtime's host work per action (the device and cluster fields of schema/hardware.py
+and schema/cluster.py that a CPU host needs).
+
+Collectives, for each world of N ranks (N = 2..nproc, one spawn each: a gloo collective on a shared CPU
+slows down when ranks outnumber cores, so each fit holds for the rank count it was measured at): for
+every group size n = 2..N the world is cut into groups of n consecutive ranks that all run the
+collective at once (as all TP groups, or all DP groups, of a step do; ranks past the last whole group
+wait at the barrier), at each message size from 4 bytes (the runtime's scalar all-reduces) up; pairs
+(0,1), (2,3), ... time send/recv as a ping-pong (half the round trip). Each point is the median of
+``repeats`` runs after a warm-up, each bracketed by a barrier of the world.
+
+In the world of 2 only, with tiny layers whose compute is negligible:
+
+* FSDP2: 8 ``fully_shard`` units (ZeRO-3: all-gather in forward and backward, reduce-scatter in
+  backward) against the same 8 plain layers, and the bare all-gather / reduce-scatter of one unit's size
+  back to back; the host work per unit is the difference less the collectives.
+* replicate (ZeRO-0): the same 8 layers under one ``replicate`` root, against plain, less one all-reduce.
+* pipelining: two stages, one per rank, one tiny linear each, run by the runtime's own pipeline (torch's
+  schedule runtime with the plan's GPipe lists) at two micro-batch counts; the slope per micro-batch,
+  less the layer's own forward and backward, is two actions' host work on the critical path.
+
+Raw points only; ``calibration_fit.py`` (torch-free) fits the fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+MESSAGE_BYTES = [4] + [2**k for k in range(10, 23, 2)]  # 4 B, 1 KiB .. 4 MiB
+UNIT_FEATURES = 16
+UNITS = 8
+PIPELINE_MICROBATCHES = (4, 16)
+
+
+def measure_distributed(nproc: int, repeats: int = 7, progress=lambda _m: None) -> dict:
+    """{"collectives": [points], "fsdp": {...}, "replicate": {...}, "pipeline": {...}} for worlds 2..nproc."""
+    result: dict = {"collectives": []}
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for world in range(2, nproc + 1):
+        progress(f"collectives: world of {world} ranks, group sizes 2..{world}"
+                 + (", FSDP2 / replicate / pipeline host work" if world == 2 else ""))
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "points.json"
+            mp.spawn(_worker, args=(world, repeats, tmp, str(out)), nprocs=world, join=True)
+            data = json.loads(out.read_text())
+        result["collectives"] += data.pop("collectives")
+        result.update(data)
+    return result
+
+
+def _worker(rank: int, world: int, repeats: int, tmp: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
+    data: dict = {"collectives": _collectives(rank, world, repeats)}
+    if world == 2:
+        data["fsdp"], data["replicate"] = _fsdp(rank)
+        data["pipeline"] = _pipeline(rank)
+    if rank == 0:
+        Path(out).write_text(json.dumps(data))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _collectives(rank: int, world: int, repeats: int) -> list[dict]:
+    points = []
+    for n in range(2, world + 1):
+        groups = [dist.new_group(list(range(g, g + n))) for g in range(0, world - n + 1, n)]
+        mine = groups[rank // n] if rank // n < len(groups) else None
+        for kind in COLLECTIVES:
+            for size in MESSAGE_BYTES:
+                seconds = _timed(lambda: _run(kind, n, size, mine), repeats) if mine else _idle(repeats)
+                if rank == 0:
+                    points.append({"collective": kind, "group_size": n, "ranks": world, "bytes": size,
+                                   "seconds": seconds})
+    pairs = [dist.new_group([g, g + 1]) for g in range(0, world - 1, 2)]
+    pair = pairs[rank // 2] if rank // 2 < len(pairs) else None
+    for size in MESSAGE_BYTES:
+        seconds = _timed(lambda: _ping_pong(rank, size, pair), repeats, per_call=0.5) if pair else _idle(repeats)
+        if rank == 0:
+            points.append({"collective": "send_recv", "group_size": 2, "ranks": world, "bytes": size,
+                           "seconds": seconds})
+    return points
+
+
+def _buffers(n: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    numel = max(n, size // 4) // n * n  # fp32 elements, divisible by the group size
+    return torch.ones(numel), torch.ones(numel // n)
+
+
+def _run(kind: str, n: int, size: int, group) -> None:
+    full, shard = _buffers(n, size)
+    if kind == "all_reduce":
+        dist.all_reduce(full, group=group)
+    elif kind == "all_gather":
+        dist.all_gather_into_tensor(full, shard, group=group)
+    else:
+        dist.reduce_scatter_tensor(shard, full, group=group)
+
+
+def _ping_pong(rank: int, size: int, group) -> None:
+    buf = torch.ones(max(1, size // 4))
+    peer = dist.get_global_rank(group, 1 - dist.get_group_rank(group, rank))
+    if dist.get_group_rank(group, rank) == 0:
+        dist.send(buf, peer)
+        dist.recv(buf, peer)
+    else:
+        dist.recv(buf, peer)
+        dist.send(buf, peer)
+
+
+def _timed(fn, repeats: int, per_call: float = 1.0) -> float:
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        if i:
+            times.append((time.perf_counter() - t0) * per_call)
+    return statistics.median(times)
+
+
+def _idle(repeats: int) -> float:
+    for _ in range(repeats + 1):
+        dist.barrier()
+    return 0.0
+
+
+def _layers() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(UNIT_FEATURES, UNIT_FEATURES) for _ in range(UNITS)])
+
+
+def _synced_median(fn, reps: int = 40) -> float:
+    """Median over ``reps`` runs that start together on both ranks (a barrier before each; a fixed count,
+    never a time budget, so that both ranks run the same collectives)."""
+    for _ in range(3):
+        dist.barrier()
+        fn()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _fwd_bwd(model: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+    fwd = _synced_median(lambda: model(x))
+
+    def both() -> None:
+        model(x).sum().backward()
+    return fwd, max(0.0, _synced_median(both) - fwd)
+
+
+def _fsdp(rank: int) -> tuple[dict, dict]:
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2,))
+    x = torch.randn(4, UNIT_FEATURES)
+    plain = _fwd_bwd(_layers(), x)
+    sharded = _layers()
+    for layer in sharded:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
+    fsdp = _fwd_bwd(sharded, x)
+    unit_bytes = (UNIT_FEATURES * UNIT_FEATURES + UNIT_FEATURES) * 4
+    full, shard = _buffers(2, unit_bytes)
+    gather = _synced_median(lambda: [dist.all_gather_into_tensor(full, shard) for _ in range(UNITS)]) / UNITS
+    scatter = _synced_median(lambda: [dist.reduce_scatter_tensor(shard, full) for _ in range(UNITS)]) / UNITS
+    replicated = _layers()
+    replicate(replicated, mesh=mesh)
+    rep = _fwd_bwd(replicated, x)
+    grads = torch.ones(UNITS * unit_bytes // 4)
+    reduce = _synced_median(lambda: dist.all_reduce(grads))
+    return ({"units": UNITS, "unit_bytes": unit_bytes, "plain_fwd_s": plain[0], "plain_bwd_s": plain[1],
+             "fsdp_fwd_s": fsdp[0], "fsdp_bwd_s": fsdp[1], "all_gather_s": gather, "reduce_scatter_s": scatter},
+            {"plain_fwd_s": plain[0], "plain_bwd_s": plain[1], "replicate_fwd_s": rep[0],
+             "replicate_bwd_s": rep[1], "all_reduce_s": reduce})
+
+
+def _pipeline(rank: int) -> dict:
+    from runtime.models.dropout import DropoutState
+    from runtime.parallel.pipeline import build_pipeline
+
+    layer = nn.Linear(UNIT_FEATURES, UNIT_FEATURES)
+    x = torch.randn(1, UNIT_FEATURES)
+    compute_fwd = _synced_median(lambda: layer(x))
+
+    def both() -> None:
+        layer(x).sum().backward()
+    compute_bwd = max(0.0, _synced_median(both) - compute_fwd)
+    steps = {}
+    for m in PIPELINE_MICROBATCHES:
+        schedule = build_pipeline([nn.Linear(UNIT_FEATURES, UNIT_FEATURES)], [rank], 2, "gpipe", 2, m,
+                                  lambda out, target: out.sum(), torch.device("cpu"), None, DropoutState(0), 1, 0)
+        batch = torch.randn(m, UNIT_FEATURES)
+
+        def step(s=schedule, b=batch) -> None:
+            if rank == 0:
+                s.step(b)
+            else:
+                s.step(target=b, losses=[])
+        steps[str(m)] = _synced_median(step)
+    return {"microbatches": list(PIPELINE_MICROBATCHES), "step_s": steps, "layer_fwd_s": compute_fwd,
+            "layer_bwd_s": compute_bwd}

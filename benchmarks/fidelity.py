@@ -1,0 +1,209 @@
+"""How well the cost model predicts this machine: plans for gpt-tiny, llama-tiny and a ~100M GPT on 1-4 gloo
+ranks (varying tp, pp, dp, ZeRO, schedule, micro-batch and recomputation), each planned with the
+calibrated cluster (``autoplan calibrate``), run with ``autoplan run`` and compared with ``autoplan
+compare``: step time (median of the steps after warm-up) and peak memory per rank, predicted vs measured.
+
+Fit and test: the calibrated profile is fitted to kernel- and op-level microbenchmarks only (no plan
+below is part of its fit), so every plan is a test plan. ``--refine`` adds the optional whole-run
+refinement (``autoplan calibrate --runs``'s one parameter, collective_wait_factor), fitted on every other
+plan of the list and scored on the others only, from the same runs (no extra launches). ``chosen_vs_best``: the plan ``autoplan plan``
+chooses for gpt-tiny on 4 ranks (measured with the others of its group) against the fastest measured
+plan of that group - 1.
+
+Usage (from the repository root): python benchmarks/fidelity.py [--cluster NAME] [--quick] [--json]
+[--keep DIR]. Targets (issue 8): Spearman >= 0.9, median |error| <= 15%, max <= 30%, chosen_vs_best <=
+10%, memory median |error| <= 25%. One torchrun launch per plan (the runtime runs one plan per launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autoplan.profiler.hardware.calibration_fit import spearman  # noqa: E402
+
+GPT_100M = str(ROOT / "benchmarks" / "data" / "gpt-100m.yaml")
+CHOSEN_GROUP = "gpt-tiny x4"
+# (group, model, ranks, global batch, pinned flags); the group shares model, ranks and batch
+PLANS: list[tuple[str, str, int, int, list[str]]] = [
+    ("gpt-tiny x4", "gpt-tiny", 4, 16, ["--dp", "4", "--zero-stage", "0", "--micro-batch-size", "4"]),
+    ("gpt-tiny x4", "gpt-tiny", 4, 16, ["--dp", "4", "--zero-stage", "3", "--micro-batch-size", "2"]),
+    ("gpt-tiny x4", "gpt-tiny", 4, 16, ["--tp", "2", "--dp", "2", "--micro-batch-size", "8"]),
+    ("gpt-tiny x4", "gpt-tiny", 4, 16, ["--pp", "2", "--dp", "2", "--schedule", "1f1b", "--micro-batch-size", "2"]),
+    ("gpt-tiny x4", "gpt-tiny", 4, 16, ["--pp", "4", "--schedule", "gpipe", "--micro-batch-size", "2"]),
+    ("gpt-tiny x4", "gpt-tiny", 4, 16, ["--pp", "4", "--schedule", "1f1b", "--micro-batch-size", "4",
+                                        "--recompute", "full"]),
+    ("gpt-tiny x4", "gpt-tiny", 4, 16, ["--tp", "4", "--micro-batch-size", "16"]),
+    ("llama-tiny x1", "llama-tiny", 1, 16, ["--micro-batch-size", "8"]),
+    ("llama-tiny x2", "llama-tiny", 2, 16, ["--dp", "2", "--zero-stage", "2", "--micro-batch-size", "4"]),
+    ("llama-tiny x2", "llama-tiny", 2, 16, ["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2",
+                                            "--micro-batch-size", "2"]),
+    ("llama-tiny x4", "llama-tiny", 4, 16, ["--tp", "2", "--pp", "2", "--micro-batch-size", "4",
+                                            "--recompute", "selective"]),
+    ("llama-tiny x4", "llama-tiny", 4, 16, ["--dp", "4", "--zero-stage", "1", "--micro-batch-size", "2"]),
+    ("gpt-100m x1", GPT_100M, 1, 4, ["--micro-batch-size", "2"]),
+    ("gpt-100m x2", GPT_100M, 2, 4, ["--pp", "2", "--schedule", "1f1b", "--micro-batch-size", "1"]),
+]
+QUICK = [0, 4, 7, 9]
+
+
+def autoplan(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "autoplan.cli.main", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
+
+
+def checked(result: subprocess.CompletedProcess, what: str) -> str:
+    if result.returncode != 0:
+        raise SystemExit(f"fidelity: {what} failed ({result.returncode}): {result.stderr.strip()[-800:]}")
+    return result.stdout
+
+
+def measure(tmp: Path, i: int, model: str, ranks: int, gbs: int, flags: list[str], cluster: str,
+            steps: int, warmup: int) -> dict:
+    plan = tmp / f"plan{i}.yaml"
+    metrics = tmp / f"metrics{i}.jsonl"
+    checked(autoplan("plan", model, "--cluster", cluster, "--devices-per-node", str(ranks),
+                     "--global-batch-size", str(gbs), *flags, "-o", str(plan)), f"plan {i}")
+    checked(autoplan("run", str(plan), "--steps", str(steps), "--metrics", str(metrics)), f"run {i}")
+    data = json.loads(checked(autoplan("compare", str(plan), str(metrics), "--warmup-steps", str(warmup), "--json"),
+                              f"compare {i}"))
+    return data
+
+
+def chosen_layout(tmp: Path, cluster: str) -> str:
+    out = tmp / "chosen.yaml"
+    checked(autoplan("plan", "gpt-tiny", "--cluster", cluster, "--devices-per-node", "4", "--global-batch-size",
+                     "16", "-o", str(out)), "the planner's own choice")
+    from autoplan.report.tables import layout_label
+    from autoplan.schema import load_plan
+    return layout_label(load_plan(out))
+
+
+def _refined(cluster_name: str, rows: list[dict]) -> dict:
+    """The run-level refinement fitted on rows 0, 2, 4, ... and scored on rows 1, 3, 5, ..."""
+    import dataclasses
+
+    from autoplan.cli.common import workload_fn
+    from autoplan.report.compare import measured_run, read_metrics
+    from autoplan.report.refine import refine
+    from autoplan.report.simulated import simulate_plan
+    from autoplan.schema import load_cluster, load_plan
+
+    cluster = load_cluster(cluster_name)
+    r = refine(cluster, [row["files"] for row in rows])
+    test = rows[1::2]
+    errors, predicted, measured = [], [], []
+    for row in test:
+        plan = load_plan(row["files"][0])
+        plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, collective_wait_factor=r.factor))
+        step = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training)).step_s
+        meas = measured_run(read_metrics(row["files"][1]), 2).step_time_s
+        errors.append(abs(step - meas) / meas)
+        predicted.append(step)
+        measured.append(meas)
+    return {"factor": r.factor, "fit_plans": list(range(0, len(rows), 2)), "test_plans": list(range(1, len(rows), 2)),
+            "test_median_abs_error": statistics.median(errors), "test_max_abs_error": max(errors),
+            "test_spearman": spearman(predicted, measured)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cluster", default="cpu-local-calibrated", help="calibrated cluster (default: the shipped one)")
+    p.add_argument("--quick", action="store_true", help="4 plans, fewer steps: a smoke test")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--keep", help="keep plans and metrics in this folder")
+    p.add_argument("--refine", action="store_true",
+                   help="also fit the run-level refinement on every other plan and score the rest")
+    args = p.parse_args()
+    say = (lambda m: print(m, file=sys.stderr, flush=True))
+    chosen_plans = [i for i in (QUICK if args.quick else range(len(PLANS)))]
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(args.keep or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        chosen = chosen_layout(tmp, args.cluster)
+        say(f"fidelity: the planner chooses {chosen} for gpt-tiny on 4 ranks")
+        rows = []
+        start = time.perf_counter()
+        for n, i in enumerate(chosen_plans):
+            group, model, ranks, gbs, flags = PLANS[i]
+            big = "100m" in group
+            steps, warmup = ((4, 2) if big else (8, 3)) if args.quick else ((6, 2) if big else (14, 4))
+            say(f"fidelity: [{n + 1}/{len(chosen_plans)}] {group} {' '.join(flags)} ({time.perf_counter() - start:.0f} s)")
+            d = measure(tmp, i, model, ranks, gbs, flags, args.cluster, steps, warmup)
+            mem = d["memory_per_rank"]
+            rows.append({"group": group, "model": d["model"], "ranks": ranks, "layout": d["layout"], "flags": " ".join(flags),
+                         "predicted_step_s": d["predicted_step_time_s"], "measured_step_s": d["measured_step_time_s"],
+                         "step_error": d["step_time_rel_error"],
+                         "memory_errors": [m["rel_error"] for m in mem],
+                         "predicted_memory_gib": [m["predicted_gib"] for m in mem],
+                         "measured_memory_gib": [m["measured_gib"] for m in mem], "role": "test",
+                         "files": (str(tmp / f"plan{i}.yaml"), str(tmp / f"metrics{i}.jsonl"))})
+        seconds = time.perf_counter() - start
+        refined = _refined(args.cluster, rows) if args.refine else None
+    for r in rows:
+        r.pop("files")
+    errors = [abs(r["step_error"]) for r in rows]
+    mem_errors = [abs(e) for r in rows for e in r["memory_errors"] if e is not None]
+    group_rows = [r for r in rows if r["group"] == CHOSEN_GROUP]
+    best = min(r["measured_step_s"] for r in group_rows)
+    mine = [r for r in group_rows if r["layout"] == chosen]
+    if not mine:  # the planner's choice is not among the pinned plans: measure it too
+        say(f"fidelity: measuring the planner's choice {chosen}")
+        with tempfile.TemporaryDirectory() as scratch:
+            d = measure(Path(scratch), 99, "gpt-tiny", 4, 16, [], args.cluster, 8 if args.quick else 14,
+                        3 if args.quick else 4)
+        chosen_step = d["measured_step_time_s"]
+        best = min(best, chosen_step)
+    else:
+        chosen_step = mine[0]["measured_step_s"]
+    result = {
+        "cluster": args.cluster, "plans": rows, "fit_plans": [], "test_plans": len(rows),
+        "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
+        "median_abs_error": statistics.median(errors), "max_abs_error": max(errors),
+        "chosen_layout": chosen, "chosen_step_s": chosen_step, "best_step_s": best,
+        "chosen_vs_best": chosen_step / best - 1,
+        "memory_median_abs_error": statistics.median(mem_errors) if mem_errors else None,
+        "memory_max_abs_error": max(mem_errors) if mem_errors else None,
+        "seconds": round(seconds, 1), "refined": refined,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"fidelity on {args.cluster}: fit = kernel/op microbenchmarks only (autoplan calibrate); "
+          f"test = all {len(rows)} plans below")
+    print(f"{'model':<11}{'ranks':>5}  {'layout':<44}{'pred s':>9}{'meas s':>9}{'error':>8}  memory GiB pred/meas (worst rank)")
+    for r in rows:
+        worst = max(range(len(r["memory_errors"])), key=lambda k: abs(r["memory_errors"][k] or 0))
+        print(f"{r['model']:<11}{r['ranks']:>5}  {r['layout'][:43]:<44}{r['predicted_step_s']:9.4f}"
+              f"{r['measured_step_s']:9.4f}{100 * r['step_error']:+7.1f}%  "
+              f"{r['predicted_memory_gib'][worst]:.3f}/{r['measured_memory_gib'][worst]:.3f} "
+              f"({100 * (r['memory_errors'][worst] or 0):+.0f}%)")
+    print(f"spearman {result['spearman']:.3f} (target >= 0.9); median |error| {100 * result['median_abs_error']:.1f}% "
+          f"(<= 15%); max |error| {100 * result['max_abs_error']:.1f}% (<= 30%)")
+    print(f"chosen_vs_best {100 * result['chosen_vs_best']:+.1f}% (<= 10%): planner's {chosen} measured "
+          f"{chosen_step:.4f} s, fastest of {CHOSEN_GROUP} {best:.4f} s")
+    if mem_errors:
+        print(f"peak memory per rank: median |error| {100 * result['memory_median_abs_error']:.1f}% (<= 25%), "
+              f"max {100 * result['memory_max_abs_error']:.1f}% over {len(mem_errors)} ranks")
+    if refined:
+        print(f"run-level refinement (apart from the kernel-only figures above): collective_wait_factor "
+              f"{refined['factor']} fitted on plans {refined['fit_plans']}; on the other plans {refined['test_plans']}: "
+              f"median |error| {100 * refined['test_median_abs_error']:.1f}%, max {100 * refined['test_max_abs_error']:.1f}%, "
+              f"spearman {refined['test_spearman']:.3f}")
+    print(f"({seconds:.0f} s of runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
