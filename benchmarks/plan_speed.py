@@ -60,7 +60,7 @@ def main() -> int:
             print(f"  {m:12s} {g:6,d} GPUs: {error}")
             continue
         s, p = data["solver"], data["predicted"]
-        layout = (f"tp{data['tp']} pp{data['pp']} dp{data['dp']} zero{data['zero_stage']} {data['schedule']}"
+        layout = (f"tp{data['tp']} pp{data['pp']} dp{data['dp']}{' cp' + str(data['cp']) if data.get('cp', 1) > 1 else ''} zero{data['zero_stage']} {data['schedule']}"
                   f" v{data['virtual_stages']} mbs{data['micro_batch_size']}x{data['num_microbatches']}"
                   f"{' sp' if data['sequence_parallel'] else ''}{' offload' if data['offload_optimizer'] else ''}")
         print(f"  {m:12s} {g:6,d} GPUs: {s['status']} in {wall:.2f} s wall (search {s['wall_s']:.2f} s, "
