@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
-from pathlib import Path
 
 from autoplan.errors import SpecError
+from autoplan.schema._files import write_atomic
 from autoplan.report.simulated import SimulatedStep
 from autoplan.report.tables import layout_label
 
@@ -62,7 +61,8 @@ def write_png(sim: SimulatedStep, path: str | os.PathLike) -> None:
     _draw_memory(fig.add_subplot(grid[1]), sim, Patch)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
-    _write_bytes_atomic(Path(path), buf.getvalue())
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # as --trace does
+    write_atomic(path, buf.getvalue(), "--png")
 
 
 def _draw_gantt(ax, sim: SimulatedStep, Patch) -> None:
@@ -128,16 +128,3 @@ def _draw_memory(ax, sim: SimulatedStep, Patch) -> None:
 
 def _time_unit(step_s: float) -> tuple[float, str]:
     return (1.0, "s") if step_s >= 1 else (1e3, "ms") if step_s >= 1e-3 else (1e6, "us")
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """schema._io.write_atomic for bytes: temporary file and rename, so no half-written PNG is left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -108,15 +108,16 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
-def write_atomic(path: str | os.PathLike, text: str, what: str = "output") -> None:
-    """Write via a temporary file and rename, so a crash never leaves a half-written file behind."""
+def write_atomic(path: str | os.PathLike, text: str | bytes, what: str = "output") -> None:
+    """Write via a temporary file and rename, so a crash never leaves a half-written file behind. ``text``
+    is UTF-8 text or, for a picture, bytes; a new file gets the umask's mode, a replaced one keeps its own."""
     target = _target(path, what)
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as err:
         raise SpecError(f"{what} {path}: cannot write in {target.parent} ({_reason(err)})") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
