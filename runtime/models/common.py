@@ -91,9 +91,7 @@ def mask_padded_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits [B, T, V_padded] with the padded columns (index >= vocab_size) at -inf. Vocab-sharded
     logits (a DTensor under ``loss_parallel``) get a mask with the same placements, so each rank masks
     its own columns without communication."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     padded = torch.arange(logits.shape[-1], device=logits.device) >= vocab_size  # [V_padded], broadcast
     if isinstance(logits, DTensor):  # the [V] mask sharded like the logits' last dim, replicated elsewhere

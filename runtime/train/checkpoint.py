@@ -39,11 +39,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from autoplan.schema import ModelSpec
 from runtime.train.integrity import write_complete
+from runtime.models.init import VOCAB_TENSORS  # the embedding and head, the tensors padding resizes
 from runtime.train.manifest import read_manifest
 from runtime.train.optim import Optimizers
 
 TIED, TIED_COPY = "embed.tok.weight", "head.weight"
-VOCAB_TENSORS = (TIED, TIED_COPY)
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
