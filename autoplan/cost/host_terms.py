@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.comm import GroupLink, collective_time_s, group_link
+from autoplan.cost.comm import collective_time_s, group_link
 from autoplan.cost.simulate import simulate
 from autoplan.schema import Cluster
 from autoplan.schema.plan import ParallelConfig as Config
@@ -120,10 +120,6 @@ def replicate_microbatch_s(cluster: Cluster, config: Config, share: float) -> tu
         return 0.0, 0.0
     d = cluster.device
     return d.fsdp_unit_fwd_us * 1e-6 * share, d.fsdp_unit_bwd_us * 1e-6 * share
-
-
-def dp_link(cluster: Cluster, config: Config) -> GroupLink:
-    return group_link(cluster, config.dp_cp, config.tp)
 
 
 def step_sync_s(cluster: Cluster, config: Config, tied_grad_bytes: float) -> tuple[float, float]:
