@@ -5,10 +5,18 @@ and schema/cluster.py that a CPU host needs).
 Collectives, for each world of N ranks (N = 2..nproc, one spawn each: a gloo collective on a shared CPU
 slows down when ranks outnumber cores, so each fit holds for the rank count it was measured at): for
 every group size n = 2..N the world is cut into groups of n consecutive ranks that all run the
-collective at once (as all TP groups, or all DP groups, of a step do; ranks past the last whole group
-wait at the barrier), at each message size from 4 bytes (the runtime's scalar all-reduces) up; pairs
-(0,1), (2,3), ... time send/recv as a ping-pong (half the round trip). Each point is the median of
-``repeats`` runs after a warm-up, each bracketed by a barrier of the world.
+collective at once (as all TP groups, or all DP groups, of a step do), at each message size from 4 bytes
+(the runtime's scalar all-reduces) up; pairs (0,1), (2,3), ... time send/recv as a ping-pong (half the
+round trip). Collectives are measured as a training step issues them: every rank computes a GEMM
+segment (``SEGMENT_MNK``, about 1 ms on one core alone, the compute between two TP collectives of the
+small models this host trains) and then enters the collective, ``SEGMENT_CALLS`` times in a row; the
+point is (that loop - the same loop without the collective) / calls. Where ranks outnumber cores this
+is what a collective costs inside a step: members arrive out of step as the scheduler gives them the
+cores in turn, and each of gloo's hops waits for its receiver to be scheduled; back-to-back collectives
+on otherwise idle ranks (the classic micro-benchmark) measure 2-4x less on a 2-core host than the
+traces of real steps show. Ranks outside every group (n not dividing N) run the segments alone, so the
+cores are as loaded as in a step. Each point is the median of ``repeats`` loops after a warm-up, each
+bracketed by a barrier of the world.
 
 In the world of 2 only, with tiny layers whose compute is negligible:
 
@@ -43,6 +51,8 @@ MESSAGE_BYTES = [4] + [2**k for k in range(10, 23, 2)]  # 4 B, 1 KiB .. 4 MiB
 UNIT_FEATURES = 16
 UNITS = 8
 PIPELINE_MICROBATCHES = (4, 16)
+SEGMENT_MNK = (512, 256, 256)  # 67 MFLOP: ~1 ms of fp32 GEMM on one core
+SEGMENT_CALLS = 8
 
 
 def measure_distributed(nproc: int, repeats: int = 7, progress=lambda _m: None) -> dict:
@@ -76,23 +86,47 @@ def _worker(rank: int, world: int, repeats: int, tmp: str, out: str) -> None:
 
 def _collectives(rank: int, world: int, repeats: int) -> list[dict]:
     points = []
+    segment = _segment()
     for n in range(2, world + 1):
         groups = [dist.new_group(list(range(g, g + n))) for g in range(0, world - n + 1, n)]
         mine = groups[rank // n] if rank // n < len(groups) else None
+        alone = _timed(lambda: _busy(segment, None), repeats)  # the segments alone, every rank computing
         for kind in COLLECTIVES:
             for size in MESSAGE_BYTES:
-                seconds = _timed(lambda: _run(kind, n, size, mine), repeats) if mine else _idle(repeats)
+                work = (lambda: _run(kind, n, size, mine)) if mine else None
+                seconds = _in_step(_timed(lambda: _busy(segment, work), repeats), alone)
                 if rank == 0:
                     points.append({"collective": kind, "group_size": n, "ranks": world, "bytes": size,
                                    "seconds": seconds})
     pairs = [dist.new_group([g, g + 1]) for g in range(0, world - 1, 2)]
     pair = pairs[rank // 2] if rank // 2 < len(pairs) else None
+    alone = _timed(lambda: _busy(segment, None), repeats)
     for size in MESSAGE_BYTES:
-        seconds = _timed(lambda: _ping_pong(rank, size, pair), repeats, per_call=0.5) if pair else _idle(repeats)
+        work = (lambda: _ping_pong(rank, size, pair)) if pair else None
+        seconds = 0.5 * _in_step(_timed(lambda: _busy(segment, work), repeats), alone)
         if rank == 0:
             points.append({"collective": "send_recv", "group_size": 2, "ranks": world, "bytes": size,
                            "seconds": seconds})
     return points
+
+
+def _segment():
+    m, n, k = SEGMENT_MNK
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    return lambda: torch.mm(a, b)
+
+
+def _busy(segment, collective) -> None:
+    """``SEGMENT_CALLS`` x (compute, then the collective), as the layers of a step run them."""
+    for _ in range(SEGMENT_CALLS):
+        segment()
+        if collective is not None:
+            collective()
+
+
+def _in_step(loop_s: float, alone_s: float) -> float:
+    """One collective's share of the busy loop (at least 1 us: noise can put the loop below the segments)."""
+    return max(1e-6, (loop_s - alone_s) / SEGMENT_CALLS)
 
 
 def _buffers(n: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,12 +164,6 @@ def _timed(fn, repeats: int, per_call: float = 1.0) -> float:
         if i:
             times.append((time.perf_counter() - t0) * per_call)
     return statistics.median(times)
-
-
-def _idle(repeats: int) -> float:
-    for _ in range(repeats + 1):
-        dist.barrier()
-    return 0.0
 
 
 def _layers() -> nn.Sequential:
