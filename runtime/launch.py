@@ -11,7 +11,7 @@ import os
 import sys
 
 from autoplan.errors import SpecError
-from runtime.train.watchdog import DEFAULT_TIMEOUT_S, report
+from runtime.train.watchdog import DEFAULT_TIMEOUT_S, PEER_LOST_EXIT, TIMEOUT_EXIT, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +44,19 @@ def main(argv: list[str] | None = None) -> int:
         status = report(err, rank, args.timeout)
         if status is None:
             raise
+        if status in (TIMEOUT_EXIT, PEER_LOST_EXIT):
+            _exit_now(status)
         return status
+
+
+def _exit_now(status: int) -> None:
+    """Leave without tearing down: a gloo group whose collective timed out or lost its peer still owns
+    worker threads, and destroying it at interpreter exit can abort the process (SIGABRT, "terminate
+    called without an active exception"); torchrun would then report signal 6, not this status. The
+    metrics and checkpoints are already on disk (each written and flushed when made)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _main(args: argparse.Namespace) -> int:
