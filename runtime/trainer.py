@@ -24,6 +24,7 @@ from runtime.train.metrics_resume import trim_after
 from runtime.train.metrics import MetricsLog
 from runtime.train.optim import clip_grad_norm, lr_at, set_lr
 from runtime.train.profiling import StepTracer, instrument, region
+from runtime.train.speed_probe import probe_between_steps
 from runtime.train.trace_phases import BACKWARD, FORWARD
 
 
@@ -160,7 +161,8 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
         trim_after(opts.metrics, start)  # rows past the checkpoint are about to be run again
     pred = plan.predicted
     log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
-                     pred.peak_memory_gib if pred else None, append=start > 0)
+                     pred.peak_memory_gib if pred else None, append=start > 0,
+                     calibrated_probes_us=(plan.cluster.device.probe_gemm_us, plan.cluster.device.probe_op_us))
     tokens = plan.training.global_batch_size * plan.training.seq_len
     tracer = StepTracer(opts.trace, start, opts.steps, trainer.pm.device, plan.zero_stage) if opts.trace else None
     if tracer:
@@ -171,9 +173,10 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
             r = trainer.step(step)
         guard.check_step(step + 1, r.loss, r.grad_norm, saved)
         losses.append(r.loss)
+        probe = probe_between_steps(trainer.pm.device)  # the host's speed now, outside the timed step
         row = log.record(step + 1, r.loss, r.step_time_s, tokens, r.peak_bytes / GIB,
                          lr_at(step, plan.training), r.grad_norm, [b / GIB for b in r.peak_bytes_per_rank],
-                         profiled=bool(tracer) and step in tracer.traced)
+                         profiled=bool(tracer) and step in tracer.traced, speed_probe=probe)
         if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
             print(f"step {row['step']:>5}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
                   f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB", flush=True)

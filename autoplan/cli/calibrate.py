@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--nproc: must be between 1 and 64, got {args.nproc}")
     from autoplan.profiler.hardware.calibrate import build_profiles, measure_raw
     from autoplan.profiler.hardware.calibration_fit import summarize
+    from autoplan.profiler.hardware.drift import stage_speeds
     from autoplan.schema._files import read_text, write_atomic
     from autoplan.schema._io import dump_yaml, to_dict
     from autoplan.schema.io import PROFILES_DIR
@@ -95,6 +96,13 @@ def run(args: argparse.Namespace) -> int:
           f"{device.fsdp_unit_bwd_us:.1f} us; pipeline action {device.pipeline_action_us:.1f} us")
     print(f"  optimizer: {device.optimizer_tensor_us:.1f} us per tensor ({device.optimizer_dtensor_us:.1f} DTensor), "
           f"{device.optimizer_ns_per_param:.2f} ns per parameter; process baseline {device.memory_baseline_gib:.3f} GiB")
+    probes = "; ".join(f"{p['gemm_us']:.0f}/{p['op_us']:.2f}" for p in raw.get("speed_probes", ()))
+    print(f"  speed probes (runtime/train/speed_probe.py): GEMM {device.probe_gemm_us:.0f} us, eager op "
+          f"{device.probe_op_us:.2f} us" + (f" (between stages, GEMM/op us: {probes})" if probes else ""))
+    speeds = stage_speeds(raw.get("speed_probes", []))
+    if speeds:
+        print("  stage speeds against the mean, kernels/host work (each stage's fields put at the mean): "
+              + ", ".join(f"{stage} {v.kernel:.2f}/{v.host:.2f}" for stage, v in speeds.items()))
     print(f"cluster {cluster.name}: {cluster.devices_per_node} ranks share {cluster.cores_per_node} cores; "
           f"{len(cluster.collectives)} collective fits")
     if cluster.corun_kernel_slowdown:

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from autoplan.errors import SpecError
+from autoplan.schema import Plan
 from autoplan.launcher.commands import runtime_command, sbatch_script, torchrun_options
 from autoplan.launcher.preflight import NeedsMoreNodes, preflight
 from autoplan.launcher.supervise import run_attempts
@@ -112,4 +113,23 @@ def run(args: argparse.Namespace) -> int:
         found = complete_checkpoints(args.checkpoint_dir) if args.checkpoint_dir else []
         return found[0][1] if found else None
 
-    return run_attempts(make_cmd, _env(launch.nproc_per_node), args.max_restarts, newest_checkpoint)
+    status = run_attempts(make_cmd, _env(launch.nproc_per_node), args.max_restarts, newest_checkpoint)
+    if status == 0 and launch.nnodes == 1:  # rank 0 wrote the metrics here
+        _print_at_host_speed(plan, args.metrics)
+    return status
+
+
+def _print_at_host_speed(plan: Plan, metrics: str) -> None:
+    """On a calibrated CPU host, the run's last line: the plan re-evaluated at the speed the host ran
+    (autoplan compare's figure; the runtime's own summary cannot run the cost model)."""
+    d = plan.cluster.device
+    if d.probe_gemm_us <= 0 or d.probe_op_us <= 0 or not Path(metrics).is_file():
+        return
+    from autoplan.cli.common import workload_fn
+    from autoplan.report.compare import at_speed_line, comparison, measured_run, read_metrics
+    from autoplan.report.simulated import simulate_plan
+
+    run = measured_run(read_metrics(metrics))
+    data = comparison(simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training)), run, None)
+    if data["host_speed"] is not None:
+        print(at_speed_line(data), flush=True)

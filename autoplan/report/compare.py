@@ -7,7 +7,10 @@ Conventions: the measured step time and tokens/s are medians over the steps afte
 (default 1: the first step pays one-off costs) leaving out profiled steps when any others remain (the
 profiler slows the steps it records). Peak memory per rank is the highest over the non-profiled steps (on
 CPU the profiler's buffers sit in the measured heap). Relative error = (predicted - measured) / measured
-(autoplan.schema.trace.relative_error, as in the run's summary line).
+(autoplan.schema.trace.relative_error, as in the run's summary line). A CPU run also reports the host's
+speed against its calibration (a fixed GEMM and eager op timed after each step, runtime/train/speed_probe.py)
+and the plan re-evaluated at that speed (autoplan/cost/host_speed.py), beside the raw prediction: a shared
+host drifts by tens of percent within minutes.
 The time split sets the cost model's ``TimeBreakdown`` of its critical pipeline rank against the mean of
 the traced steps of that rank's first replica (dp 0, tp 0); terms as in autoplan/schema/trace.py. The
 verdict names the term whose predicted and measured seconds differ most.
@@ -15,16 +18,20 @@ verdict names the term whose predicted and measured seconds differ most.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoplan.cli.common import workload_fn
+from autoplan.cost.host_speed import at_host_speed
 from autoplan.errors import SpecError
-from autoplan.report.simulated import SimulatedStep, terms_of
+from autoplan.report.simulated import SimulatedStep, simulate_plan, terms_of
 from autoplan.report.tables import layout_label, render
-from autoplan.schema.trace import MEASURED_TERMS, SLICE_NAMES, TRACE_FORMAT, relative_error
+from autoplan.schema import Plan
+from autoplan.schema.trace import MEASURED_TERMS, SLICE_NAMES, TRACE_FORMAT, host_speed, relative_error
 
 MERGED_TRACE = "merged.json"
 
@@ -122,10 +129,36 @@ def comparison(sim: SimulatedStep, run: MeasuredRun, trace: dict[str, Any] | Non
         "predicted_breakdown": {**terms_of(sim.time_per_rank[sim.evaluation.critical_rank]), "other": 0.0},
         "measured_breakdown": None,
     }
+    data.update(_at_host_speed(plan, run))
     if trace is not None:
         data.update(_measured_split(sim, trace))
     data["verdict"] = verdict(data)
     return data
+
+
+def _at_host_speed(plan: Plan, run: MeasuredRun) -> dict[str, Any]:
+    """The host's speed over the steps the medians use (runtime/train/speed_probe.py, probed after each
+    step) and the plan re-evaluated on the cluster at that speed (autoplan/cost/host_speed.py). None
+    where the calibration or the run has no probes (GPUs, older files)."""
+    d = plan.cluster.device
+    speed = host_speed(d.probe_gemm_us, d.probe_op_us, run.used)
+    if speed is None:
+        return {"host_speed": None, "speed_adjusted_predicted_step_time_s": None,
+                "speed_adjusted_step_time_rel_error": None}
+    slower = dataclasses.replace(plan, cluster=at_host_speed(plan.cluster, speed))
+    adjusted = simulate_plan(slower, workload_fn(slower.model, slower.cluster, slower.training)).step_s
+    return {"host_speed": {"kernel": speed.kernel, "host": speed.host},
+            "speed_adjusted_predicted_step_time_s": adjusted,
+            "speed_adjusted_step_time_rel_error": relative_error(adjusted, run.step_time_s)}
+
+
+def at_speed_line(data: dict[str, Any]) -> str:
+    """One line: the host's speed during the run and the prediction at that speed (``comparison``'s data)."""
+    speed = data["host_speed"]
+    return (f"host speed during the run against its calibration: kernels {speed['kernel']:.2f}x, host work "
+            f"{speed['host']:.2f}x (runtime/train/speed_probe.py); re-evaluated at that speed the plan predicts "
+            f"{data['speed_adjusted_predicted_step_time_s']:.4g} s, measured {data['measured_step_time_s']:.4g} s "
+            f"(error {_pct(data['speed_adjusted_step_time_rel_error'])})")
 
 
 def _measured_split(sim: SimulatedStep, trace: dict[str, Any]) -> dict[str, Any]:
@@ -179,6 +212,8 @@ def render_comparison(data: dict[str, Any], metrics_path: str) -> str:
              _pct(data["peak_memory_rel_error"]),
              _ratio(data["measured_peak_memory_gib"], data["predicted_peak_memory_gib"])]]
     lines.append(render(rows, ["", "predicted", "measured", "error", "measured/predicted"]))
+    if data["host_speed"] is not None:
+        lines += ["", at_speed_line(data)]
     if data["memory_per_rank"]:
         mem = [[str(m["rank"]), str(m["pp_rank"]), f"{m['predicted_gib']:.4g}", f"{m['measured_gib']:.4g}",
                 _pct(m["rel_error"])] for m in data["memory_per_rank"]]

@@ -178,6 +178,12 @@ class DeviceProfile:
     """Memory a training process holds besides the model's tensors, as the runtime's meter counts it: the
     heap of torch, its distributed packages and the process group on a CPU rank (glibc mallinfo2). 0 on
     a GPU, where torch.cuda.max_memory_allocated counts tensors only."""
+    probe_gemm_us: float = 0.0
+    """A CPU host's time for the fixed probe GEMM (runtime/train/speed_probe.py) while it was calibrated;
+    runs time it again, and ``autoplan compare`` re-evaluates the plan at the speed they ran (a shared host
+    drifts). 0: not measured (GPUs, older calibrations)."""
+    probe_op_us: float = 0.0
+    """The same for the fixed probe eager op (host speed)."""
     source: str = ""
     sources: tuple[FieldSource, ...] = ()
     """Per-field sources of the numbers above."""

@@ -20,6 +20,7 @@ only schemas) write the same format.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from autoplan.schema.plan import TimeBreakdown
@@ -99,3 +100,33 @@ def relative_error(predicted: float, measured: float) -> float | None:
     """How far a prediction is off, here and wherever autoplan compares: (predicted - measured) / measured,
     so -0.5 means half of what was measured; None when nothing was measured."""
     return (predicted - measured) / measured if measured else None
+
+
+SPEED_PROBE_KEY = "speed_probe"
+"""The metrics rows' field holding the probes timed after a CPU step, ``{"gemm_us": .., "op_us": ..}``
+(runtime/train/speed_probe.py); the calibration's are ``DeviceProfile.probe_gemm_us`` / ``probe_op_us``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSpeed:
+    """How fast the host ran against its calibration: calibrated probe time / the run's (their geometric
+    mean: speed ratios combine multiplicatively); 0.8 means 20% slower."""
+
+    kernel: float
+    """From the GEMM probe: GEMM, attention and memory-bound kernels."""
+    host: float
+    """From the eager-op probe: dispatch, autograd, hooks, gloo's per-call work."""
+
+
+def host_speed(calibrated_gemm_us: float, calibrated_op_us: float, rows: list[dict]) -> HostSpeed | None:
+    """The host's speed over ``rows`` (a run's timed steps); None when the calibration or the rows have
+    no probes (GPUs, older files)."""
+    probes = [r[SPEED_PROBE_KEY] for r in rows if isinstance(r.get(SPEED_PROBE_KEY), dict)]
+    probes = [p for p in probes if p.get("gemm_us", 0) > 0 and p.get("op_us", 0) > 0]
+    if calibrated_gemm_us <= 0 or calibrated_op_us <= 0 or not probes:
+        return None
+
+    def mean(key: str) -> float:
+        return math.exp(sum(math.log(p[key]) for p in probes) / len(probes))
+
+    return HostSpeed(kernel=calibrated_gemm_us / mean("gemm_us"), host=calibrated_op_us / mean("op_us"))

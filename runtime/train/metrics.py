@@ -9,13 +9,15 @@ import json
 import statistics
 from pathlib import Path
 
-from autoplan.schema.trace import relative_error
+from autoplan.schema.trace import SPEED_PROBE_KEY, host_speed, relative_error
 
 
 class MetricsLog:
     def __init__(self, path: str | None, predicted_step_s: float | None, predicted_peak_gib: float | None,
-                 append: bool = False) -> None:
+                 append: bool = False, calibrated_probes_us: tuple[float, float] = (0.0, 0.0)) -> None:
         self.path = Path(path) if path else None
+        self.calibrated_probes_us = calibrated_probes_us
+        """The calibration's (GEMM, eager op) probe times (runtime/train/speed_probe.py)."""
         self.predicted_step_s = predicted_step_s
         self.predicted_peak_gib = predicted_peak_gib
         self.rows: list[dict] = []
@@ -25,7 +27,8 @@ class MetricsLog:
                 self.path.write_text("")
 
     def record(self, step: int, loss: float, step_time_s: float, tokens: int, peak_gib: float, lr: float,
-               grad_norm: float, peak_gib_per_rank: list[float] | None = None, profiled: bool = False) -> dict:
+               grad_norm: float, peak_gib_per_rank: list[float] | None = None, profiled: bool = False,
+               speed_probe: dict[str, float] | None = None) -> dict:
         row = {"step": step, "loss": loss, "step_time_s": round(step_time_s, 6),
                "tokens_per_s": round(tokens / step_time_s, 2) if step_time_s > 0 else None,
                "peak_memory_gib": round(peak_gib, 6), "lr": lr, "grad_norm": grad_norm,
@@ -34,6 +37,8 @@ class MetricsLog:
             row["peak_memory_gib_per_rank"] = [round(g, 6) for g in peak_gib_per_rank]
         if profiled:
             row["profiled"] = True  # under the profiler: slower than the other steps
+        if speed_probe is not None:
+            row[SPEED_PROBE_KEY] = {k: round(v, 3) for k, v in speed_probe.items()}
         self.rows.append(row)
         if self.path is not None:
             with self.path.open("a") as f:  # one line per write: a crash leaves whole lines behind
@@ -54,6 +59,9 @@ class MetricsLog:
         if self.predicted_step_s is not None:
             pred = (f"; predicted {self.predicted_step_s:.4g} s (error {_pct(relative_error(self.predicted_step_s, t))}), "
                     f"{self.predicted_peak_gib:.4g} GiB (error {_pct(relative_error(self.predicted_peak_gib, peak))})")
+        speed = host_speed(*self.calibrated_probes_us, timed)
+        if speed is not None:  # the prediction at that speed needs the cost model: autoplan run / compare print it
+            pred += f"; host speed against its calibration: kernels {speed.kernel:.2f}x, host work {speed.host:.2f}x"
         return (f"steps {first['step']}-{last['step']}: loss {first['loss']:.4f} -> {last['loss']:.4f}, "
                 f"median step {t:.4g} s over {len(timed)} steps, "
                 f"{statistics.median(r['tokens_per_s'] or 0 for r in timed):.0f} tokens/s, peak {peak:.4g} GiB{pred}")

@@ -121,3 +121,47 @@ def test_compare_imports_neither_torch_nor_runtime(plan_path, tmp_path):
             "assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_compare_re_evaluates_the_plan_at_the_host_speed_the_run_probed(plan_path, tmp_path, capsys):
+    """The calibration timed the probe GEMM at 1000 us and the eager op at 4 us. Probes of (2000, 8) and
+    (500, 2) us over the timed steps average (geometrically) to the calibration's: speed 1.0, the
+    prediction unchanged; the warm-up and profiled steps' probes are left out with their steps. A run
+    probing (1250, 8) us throughout ran kernels at 0.8x and host work at 0.5x: the plan re-evaluated on
+    that cluster is slower than the raw prediction, and exactly what the cost model gives for it."""
+    import dataclasses
+
+    from autoplan.cost.host_speed import at_host_speed
+    from autoplan.schema.io import dump_plan
+    from autoplan.schema.trace import HostSpeed, host_speed
+
+    plan = load_plan(plan_path)
+    device = dataclasses.replace(plan.cluster.device, probe_gemm_us=1000.0, probe_op_us=4.0)
+    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, device=device))
+    probed = tmp_path / "probed.yaml"
+    probed.write_text(dump_plan(plan))
+    rows = synthetic_rows()
+    for row, probe in zip(rows, [(9.0, 9.0), (2000.0, 8.0), (500.0, 2.0), (1000.0, 4.0), (1.0, 1.0)]):
+        row["speed_probe"] = {"gemm_us": probe[0], "op_us": probe[1]}
+    metrics = tmp_path / "m.jsonl"
+    write_metrics(metrics, rows)
+    assert main(["compare", str(probed), str(metrics), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["host_speed"] == pytest.approx({"kernel": 1.0, "host": 1.0})  # steps 2-4 only
+    assert data["speed_adjusted_predicted_step_time_s"] == pytest.approx(data["predicted_step_time_s"], rel=1e-9)
+    assert host_speed(0.0, 4.0, rows) is None and host_speed(1000.0, 4.0, [{"step": 1}]) is None
+    for row in rows:
+        row["speed_probe"] = {"gemm_us": 1250.0, "op_us": 8.0}
+    write_metrics(metrics, rows)
+    assert main(["compare", str(probed), str(metrics), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["host_speed"] == pytest.approx({"kernel": 0.8, "host": 0.5})
+    slower = dataclasses.replace(plan, cluster=at_host_speed(plan.cluster, HostSpeed(kernel=0.8, host=0.5)))
+    expected = simulate_plan(slower, workload_fn(slower.model, slower.cluster, slower.training)).step_s
+    assert data["speed_adjusted_predicted_step_time_s"] == pytest.approx(expected, rel=1e-12)
+    assert data["speed_adjusted_predicted_step_time_s"] > data["predicted_step_time_s"]
+    assert data["speed_adjusted_step_time_rel_error"] == pytest.approx((expected - 3.0) / 3.0)
+    assert main(["compare", str(plan_path), str(metrics), "--json"]) == 0  # no calibrated probes: nothing to set
+    assert json.loads(capsys.readouterr().out)["host_speed"] is None
+    assert main(["compare", str(probed), str(metrics)]) == 0
+    assert "kernels 0.80x, host work 0.50x" in capsys.readouterr().out

@@ -84,4 +84,5 @@ def test_autoplan_run_trains_on_shipped_text(tmp_path):
     # random tokens could not fall below ln(256), so > 1.0 nat drop means it learnt from the text
     assert first > 5.0 and last < first - 1.0, [r["loss"] for r in rows]
     assert rows[0]["peak_memory_gib"] > 0
+    assert all(r["speed_probe"]["gemm_us"] > 0 and r["speed_probe"]["op_us"] > 0 for r in rows)  # after every step
     assert "loss" in proc.stdout.splitlines()[-1]  # the one-line summary

@@ -14,11 +14,13 @@ measured alone on one thread and the cores are counted, not measured under conte
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from collections.abc import Callable
 
 from autoplan.profiler.hardware.calibration_fit import fit_collectives, fit_device
+from autoplan.profiler.hardware.drift import at_mean_speed
 from autoplan.profiler.hardware.fit import ring_hops
 from autoplan.schema import Cluster, DeviceProfile, Link
 
@@ -41,6 +43,13 @@ def measure_raw(nproc: int, say: Callable[[str], None], repeats: int = 7) -> dic
     from autoplan.profiler.hardware.distributed_overhead import measure_distributed
     from autoplan.profiler.hardware.host_overhead import measure_host_overhead
 
+    from runtime.train.speed_probe import probe as speed_probe
+
+    def probe() -> None:  # the host's speed at each stage: runs are judged at the speed they ran
+        probes.append(speed_probe(repeats=15))
+
+    probes: list[dict[str, float]] = []
+    probe()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -55,18 +64,35 @@ def measure_raw(nproc: int, say: Callable[[str], None], repeats: int = 7) -> dic
         host_adam = compute.host_adam_gparams_per_s()
     finally:
         torch.set_num_threads(threads)
+    probe()
     say("host: eager ops and views, DTensor modules, optimizer, process memory baseline (one spawned rank)")
     host = measure_host_overhead()
+    probe()
     distributed = measure_distributed(nproc, repeats, say) if nproc >= 2 else {"collectives": []}
+    probe()
     from autoplan.profiler.hardware.corun import measure_corun
     corun = measure_corun(nproc, say=say)
+    probe()
     with open("/proc/meminfo") as f:
         info = {line.split(":")[0]: int(line.split()[1]) for line in f}
     return {"nproc": nproc, "cores": machine_cores(), "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__, "memory_available_bytes": info.get("MemAvailable", info["MemTotal"]) * 1024,
             "host_link_gb_per_s": host_link, "host_adam_gparams_per_s": host_adam,
             "gemms": gemms, "attention": attention, "elementwise": elementwise, "host": host,
-            "distributed": distributed, "corun": corun}
+            "distributed": distributed, "corun": corun,
+            "speed_probes": probes}
+
+
+def _probes_of(raw: dict) -> dict[str, float]:
+    """The probe GEMM's and eager op's times over the calibration (geometric means of the probes between
+    its stages, runtime/train/speed_probe.py); 0 for raw points saved before the probes existed."""
+    probes = raw.get("speed_probes", ())
+
+    def mean(key: str) -> float:
+        values = [p[key] for p in probes if p.get(key, 0) > 0]
+        return round(math.exp(sum(math.log(v) for v in values) / len(values)), 3) if values else 0.0
+
+    return {"probe_gemm_us": mean("gemm_us"), "probe_op_us": mean("op_us")}
 
 
 def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[DeviceProfile, Cluster]:
@@ -91,10 +117,12 @@ def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[Devi
         source=(f"autoplan calibrate --nproc {nproc} on {raw['machine']} ({cores} cores), torch {raw['torch']}: "
                 "one rank's thread; kernel and op microbenchmarks only (autoplan/profiler/hardware/calibrate.py); "
                 "bf16/fp16 peaks not measured (set to fp32: the CPU runs plans in fp32)"),
+        **_probes_of(raw),
         matmul_points=fit.matmul_points, attention_points=fit.attention_points, residuals=fit.residuals,
     )
-    device.validate()
     fits, residuals = fit_collectives(raw["distributed"]["collectives"])
+    device, fits = at_mean_speed(device, fits, raw.get("speed_probes", []))  # one speed for every stage
+    device.validate()
     mine = [c for c in fits if c.collective == "all_reduce" and c.ranks == nproc]
     if mine:  # the link formula, for group sizes with no fit: the largest all-reduce group's per-hop figures
         ar = max(mine, key=lambda c: c.group_size)

@@ -1,0 +1,68 @@
+"""One calibration, one host speed: each stage's fitted fields put at the calibration's mean speed.
+
+``autoplan calibrate`` measures in stages (kernels, host ops, collectives, co-running) over a few minutes,
+and a shared host drifts within that time (runtime/train/speed_probe.py has the figures): the kernels may
+be timed in a fast minute and the collectives in a slow one, so the fitted profile describes no single
+moment. The fixed probes are timed between the stages; a stage's speed is the geometric mean of the probes
+on either side against the mean of all of them, and its fields are divided by it (rates) or multiplied
+(times), so that the whole profile describes the host at the speed its probes record
+(``probe_gemm_us``, ``probe_op_us``), the speed ``autoplan compare`` measures a run against.
+
+Which stage measured what (calibration_fit.py): kernels: GEMM peak and points, attention points, memory
+and host-link bandwidths, AdamW throughput; host ops: per-op, per-view, per-DTensor-module and optimizer
+times; collectives: every collective fit, FSDP2 unit and pipeline action times. The co-running table is
+a ratio within each session (corun.py) and needs nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autoplan.schema import DeviceProfile
+from autoplan.schema.cluster import CollectiveFit
+from autoplan.schema.trace import HostSpeed
+
+STAGES = ("kernels", "host", "distributed", "corun")
+"""In the order measured; probe i is timed before stage i, and one more after the last."""
+_KERNEL_RATES = ("peak_bf16_tflops", "peak_fp16_tflops", "peak_fp32_tflops", "memory_bandwidth_gb_per_s",
+                 "host_link_gb_per_s", "host_adam_gparams_per_s")
+_HOST_TIMES = ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_backward_view_op_us",
+               "tp_module_fwd_us", "tp_module_bwd_us", "optimizer_tensor_us", "optimizer_dtensor_us",
+               "optimizer_ns_per_param")
+_DISTRIBUTED_TIMES = ("fsdp_unit_fwd_us", "fsdp_unit_bwd_us", "pipeline_action_us")
+
+
+def _mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def stage_speeds(probes: list[dict[str, float]]) -> dict[str, HostSpeed] | None:
+    """Each stage's speed against the mean of every probe (1.0: as fast as the calibration on average);
+    None without one probe per stage boundary (raw points saved before the probes existed)."""
+    if len(probes) != len(STAGES) + 1:
+        return None
+    ref_gemm, ref_op = _mean([p["gemm_us"] for p in probes]), _mean([p["op_us"] for p in probes])
+    return {stage: HostSpeed(kernel=ref_gemm / _mean([probes[i]["gemm_us"], probes[i + 1]["gemm_us"]]),
+                             host=ref_op / _mean([probes[i]["op_us"], probes[i + 1]["op_us"]]))
+            for i, stage in enumerate(STAGES)}
+
+
+def at_mean_speed(device: DeviceProfile, fits: list[CollectiveFit],
+                  probes: list[dict[str, float]]) -> tuple[DeviceProfile, list[CollectiveFit]]:
+    """``device`` and ``fits`` with each stage's fields at the calibration's mean speed (module doc)."""
+    speeds = stage_speeds(probes)
+    if speeds is None:
+        return device, fits
+    k = speeds["kernels"].kernel
+    h, d = speeds["host"].host, speeds["distributed"]
+    fields = {f: getattr(device, f) / k for f in _KERNEL_RATES if getattr(device, f) > 0}
+    fields.update({f: getattr(device, f) * h for f in _HOST_TIMES})
+    fields.update({f: getattr(device, f) * d.host for f in _DISTRIBUTED_TIMES})
+    device = dataclasses.replace(
+        device, **{f: round(v, 6) for f, v in fields.items()},
+        matmul_points=tuple(dataclasses.replace(p, tflops=round(p.tflops / k, 7)) for p in device.matmul_points),
+        attention_points=tuple(dataclasses.replace(p, tflops=round(p.tflops / k, 7)) for p in device.attention_points))
+    fits = [dataclasses.replace(c, alpha_us=round(c.alpha_us * d.host, 3), busbw_gb_per_s=round(c.busbw_gb_per_s / d.kernel, 5))
+            for c in fits]
+    return device, fits
