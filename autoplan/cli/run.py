@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 
 from autoplan.errors import SpecError
-from autoplan.schema import Plan
 from autoplan.launcher.commands import runtime_command, sbatch_script, torchrun_options
 from autoplan.launcher.preflight import NeedsMoreNodes, preflight
 from autoplan.launcher.supervise import run_attempts
+from autoplan.schema import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
