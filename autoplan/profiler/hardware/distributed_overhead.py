@@ -10,13 +10,13 @@ collective at once (as all TP groups, or all DP groups, of a step do), at each m
 round trip). Collectives are measured as a training step issues them: every rank computes a GEMM
 segment (``SEGMENT_MNK``, about 1 ms on one core alone, the compute between two TP collectives of the
 small models this host trains) and then enters the collective, ``SEGMENT_CALLS`` times in a row; the
-point is (that loop - the same loop without the collective) / calls. Where ranks outnumber cores this
+point is the median of (that loop - the same loop without the collective, timed right after it) / calls. Where ranks outnumber cores this
 is what a collective costs inside a step: members arrive out of step as the scheduler gives them the
 cores in turn, and each of gloo's hops waits for its receiver to be scheduled; back-to-back collectives
 on otherwise idle ranks (the classic micro-benchmark) measure 2-4x less on a 2-core host than the
 traces of real steps show. Ranks outside every group (n not dividing N) run the segments alone, so the
-cores are as loaded as in a step. Each point is the median of ``repeats`` loops after a warm-up, each
-bracketed by a barrier of the world.
+cores are as loaded as in a step. Each point is the median of ``repeats`` such pairs after a warm-up,
+each loop started by a barrier of the world.
 
 In the world of 2 only, with tiny layers whose compute is negligible:
 
@@ -90,20 +90,18 @@ def _collectives(rank: int, world: int, repeats: int) -> list[dict]:
     for n in range(2, world + 1):
         groups = [dist.new_group(list(range(g, g + n))) for g in range(0, world - n + 1, n)]
         mine = groups[rank // n] if rank // n < len(groups) else None
-        alone = _timed(lambda: _busy(segment, None), repeats)  # the segments alone, every rank computing
         for kind in COLLECTIVES:
             for size in MESSAGE_BYTES:
                 work = (lambda: _run(kind, n, size, mine)) if mine else None
-                seconds = _in_step(_timed(lambda: _busy(segment, work), repeats), alone)
+                seconds = _in_step(segment, work, repeats)
                 if rank == 0:
                     points.append({"collective": kind, "group_size": n, "ranks": world, "bytes": size,
                                    "seconds": seconds})
     pairs = [dist.new_group([g, g + 1]) for g in range(0, world - 1, 2)]
     pair = pairs[rank // 2] if rank // 2 < len(pairs) else None
-    alone = _timed(lambda: _busy(segment, None), repeats)
     for size in MESSAGE_BYTES:
         work = (lambda: _ping_pong(rank, size, pair)) if pair else None
-        seconds = 0.5 * _in_step(_timed(lambda: _busy(segment, work), repeats), alone)
+        seconds = 0.5 * _in_step(segment, work, repeats)
         if rank == 0:
             points.append({"collective": "send_recv", "group_size": 2, "ranks": world, "bytes": size,
                            "seconds": seconds})
@@ -124,9 +122,21 @@ def _busy(segment, collective) -> None:
             collective()
 
 
-def _in_step(loop_s: float, alone_s: float) -> float:
-    """One collective's share of the busy loop (at least 1 us: noise can put the loop below the segments)."""
-    return max(1e-6, (loop_s - alone_s) / SEGMENT_CALLS)
+def _in_step(segment, collective, repeats: int) -> float:
+    """One collective's share of the busy loop: the median over ``repeats`` pairs of (the loop - the same
+    loop without the collective), each pair timed back to back, over ``SEGMENT_CALLS`` (at least 1 us:
+    noise can put a loop below its segments). Paired because the host drifts: one reference timed before
+    a group size's 24 points let the segments' own speed change under them, and one calibration fitted an
+    all-gather alpha of 173 us where the next fitted 2 ms."""
+    def loop_s(work) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        _busy(segment, work)
+        return time.perf_counter() - t0
+
+    loop_s(collective)  # warm-up
+    shares = [loop_s(collective) - loop_s(None) for _ in range(repeats)]
+    return max(1e-6, statistics.median(shares) / SEGMENT_CALLS)
 
 
 def _buffers(n: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,17 +163,6 @@ def _ping_pong(rank: int, size: int, group) -> None:
     else:
         dist.recv(buf, peer)
         dist.send(buf, peer)
-
-
-def _timed(fn, repeats: int) -> float:
-    times = []
-    for i in range(repeats + 1):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _layers() -> nn.Sequential:
