@@ -10,13 +10,13 @@ collective at once (as all TP groups, or all DP groups, of a step do), at each m
 round trip). Collectives are measured as a training step issues them: every rank computes a GEMM
 segment (``SEGMENT_MNK``, about 1 ms on one core alone, the compute between two TP collectives of the
 small models this host trains) and then enters the collective, ``SEGMENT_CALLS`` times in a row; the
-point is the median of (that loop - the same loop without the collective, timed right after it) / calls. Where ranks outnumber cores this
-is what a collective costs inside a step: members arrive out of step as the scheduler gives them the
-cores in turn, and each of gloo's hops waits for its receiver to be scheduled; back-to-back collectives
-on otherwise idle ranks (the classic micro-benchmark) measure 2-4x less on a 2-core host than the
-traces of real steps show. Ranks outside every group (n not dividing N) run the segments alone, so the
-cores are as loaded as in a step. Each point is the median of ``repeats`` such pairs after a warm-up,
-each loop started by a barrier of the world.
+point is the median of (that loop - the same loop without the collective, timed right after it) / calls.
+Where ranks outnumber cores this is what a collective costs inside a step: members arrive out of step as
+the scheduler gives them the cores in turn, and each of gloo's hops waits for its receiver to be
+scheduled; back-to-back collectives on otherwise idle ranks (the classic micro-benchmark) measure 2-4x
+less on a 2-core host than the traces of real steps show. Ranks outside every group (n not dividing N)
+run the segments alone, so the cores are as loaded as in a step. Each point is the median of ``repeats``
+such pairs after a warm-up, each loop started by a barrier of the world.
 
 In the world of 2 only, with tiny layers whose compute is negligible:
 

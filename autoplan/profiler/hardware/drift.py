@@ -62,7 +62,8 @@ def at_mean_speed(device: DeviceProfile, fits: list[CollectiveFit],
     device = dataclasses.replace(
         device, **{f: round(v, 6) for f, v in fields.items()},
         matmul_points=tuple(dataclasses.replace(p, tflops=round(p.tflops / k, 7)) for p in device.matmul_points),
-        attention_points=tuple(dataclasses.replace(p, tflops=round(p.tflops / k, 7)) for p in device.attention_points))
-    fits = [dataclasses.replace(c, alpha_us=round(c.alpha_us * d.host, 3), busbw_gb_per_s=round(c.busbw_gb_per_s / d.kernel, 5))
-            for c in fits]
+        attention_points=tuple(dataclasses.replace(p, tflops=round(p.tflops / k, 7))
+                               for p in device.attention_points))
+    fits = [dataclasses.replace(c, alpha_us=round(c.alpha_us * d.host, 3),
+                                busbw_gb_per_s=round(c.busbw_gb_per_s / d.kernel, 5)) for c in fits]
     return device, fits
