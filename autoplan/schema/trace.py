@@ -125,8 +125,10 @@ def host_speed(calibrated_gemm_us: float, calibrated_op_us: float, rows: list[di
     probes = [p for p in probes if p.get("gemm_us", 0) > 0 and p.get("op_us", 0) > 0]
     if calibrated_gemm_us <= 0 or calibrated_op_us <= 0 or not probes:
         return None
+    return HostSpeed(kernel=calibrated_gemm_us / geometric_mean([p["gemm_us"] for p in probes]),
+                     host=calibrated_op_us / geometric_mean([p["op_us"] for p in probes]))
 
-    def mean(key: str) -> float:
-        return math.exp(sum(math.log(p[key]) for p in probes) / len(probes))
 
-    return HostSpeed(kernel=calibrated_gemm_us / mean("gemm_us"), host=calibrated_op_us / mean("op_us"))
+def geometric_mean(values: list[float]) -> float:
+    """The mean of positive ``values`` that speed ratios need (a 2x-fast and a 2x-slow probe average to 1x)."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))

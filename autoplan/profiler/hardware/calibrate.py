@@ -14,7 +14,6 @@ measured alone on one thread and the cores are counted, not measured under conte
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from autoplan.profiler.hardware.calibration_fit import fit_collectives, fit_devi
 from autoplan.profiler.hardware.drift import at_mean_speed
 from autoplan.profiler.hardware.fit import ring_hops
 from autoplan.schema import Cluster, DeviceProfile, Link
+from autoplan.schema.trace import geometric_mean
 
 
 def machine_cores() -> int:
@@ -90,7 +90,7 @@ def _probes_of(raw: dict) -> dict[str, float]:
 
     def mean(key: str) -> float:
         values = [p[key] for p in probes if p.get(key, 0) > 0]
-        return round(math.exp(sum(math.log(v) for v in values) / len(values)), 3) if values else 0.0
+        return round(geometric_mean(values), 3) if values else 0.0
 
     return {"probe_gemm_us": mean("gemm_us"), "probe_op_us": mean("op_us")}
 

@@ -17,11 +17,10 @@ a ratio within each session (corun.py) and needs nothing.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from autoplan.schema import DeviceProfile
 from autoplan.schema.cluster import CollectiveFit
-from autoplan.schema.trace import HostSpeed
+from autoplan.schema.trace import HostSpeed, geometric_mean
 
 STAGES = ("kernels", "host", "distributed", "corun")
 """In the order measured; probe i is timed before stage i, and one more after the last."""
@@ -33,18 +32,16 @@ _HOST_TIMES = ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_bac
 _DISTRIBUTED_TIMES = ("fsdp_unit_fwd_us", "fsdp_unit_bwd_us", "pipeline_action_us")
 
 
-def _mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def stage_speeds(probes: list[dict[str, float]]) -> dict[str, HostSpeed] | None:
     """Each stage's speed against the mean of every probe (1.0: as fast as the calibration on average);
     None without one probe per stage boundary (raw points saved before the probes existed)."""
     if len(probes) != len(STAGES) + 1:
         return None
-    ref_gemm, ref_op = _mean([p["gemm_us"] for p in probes]), _mean([p["op_us"] for p in probes])
-    return {stage: HostSpeed(kernel=ref_gemm / _mean([probes[i]["gemm_us"], probes[i + 1]["gemm_us"]]),
-                             host=ref_op / _mean([probes[i]["op_us"], probes[i + 1]["op_us"]]))
+    def mean(key: str, part: list[dict[str, float]]) -> float:
+        return geometric_mean([p[key] for p in part])
+
+    return {stage: HostSpeed(kernel=mean("gemm_us", probes) / mean("gemm_us", probes[i:i + 2]),
+                             host=mean("op_us", probes) / mean("op_us", probes[i:i + 2]))
             for i, stage in enumerate(STAGES)}
 
 
