@@ -10,8 +10,9 @@ on either side against the mean of all of them, and its fields are divided by it
 
 Which stage measured what (calibration_fit.py): kernels: GEMM peak and points, attention points, memory
 and host-link bandwidths, AdamW throughput; host ops: per-op, per-view, per-DTensor-module and optimizer
-times; collectives: every collective fit, FSDP2 unit and pipeline action times. The co-running table is
-a ratio within each session (corun.py) and needs nothing.
+times (the optimizer's per-parameter time at that stage's kernel speed, the rest at its host speed);
+collectives: every collective fit, FSDP2 unit and pipeline action times. The co-running table is a ratio
+within each session (corun.py) and needs nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ STAGES = ("kernels", "host", "distributed", "corun")
 _KERNEL_RATES = ("peak_bf16_tflops", "peak_fp16_tflops", "peak_fp32_tflops", "memory_bandwidth_gb_per_s",
                  "host_link_gb_per_s", "host_adam_gparams_per_s")
 _HOST_TIMES = ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_backward_view_op_us",
-               "tp_module_fwd_us", "tp_module_bwd_us", "optimizer_tensor_us", "optimizer_dtensor_us",
-               "optimizer_ns_per_param")
+               "tp_module_fwd_us", "tp_module_bwd_us", "optimizer_tensor_us", "optimizer_dtensor_us")
+_HOST_STAGE_KERNEL_TIMES = ("optimizer_ns_per_param",)
+"""Measured in the host stage, but kernel work (AdamW's passes over the parameters): that stage's GEMM speed."""
 _DISTRIBUTED_TIMES = ("fsdp_unit_fwd_us", "fsdp_unit_bwd_us", "pipeline_action_us")
 
 
@@ -55,6 +57,7 @@ def at_mean_speed(device: DeviceProfile, fits: list[CollectiveFit],
     h, d = speeds["host"].host, speeds["distributed"]
     fields = {f: getattr(device, f) / k for f in _KERNEL_RATES if getattr(device, f) > 0}
     fields.update({f: getattr(device, f) * h for f in _HOST_TIMES})
+    fields.update({f: getattr(device, f) * speeds["host"].kernel for f in _HOST_STAGE_KERNEL_TIMES})
     fields.update({f: getattr(device, f) * d.host for f in _DISTRIBUTED_TIMES})
     device = dataclasses.replace(
         device, **{f: round(v, 6) for f, v in fields.items()},
