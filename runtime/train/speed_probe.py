@@ -6,7 +6,7 @@ fixed GPT block took 2.7 ms and, minutes later, 4.4 ms, with no process of ours 
 runs' step times moved with it. Nor does everything slow down alike: over one minute a 384^3 GEMM varied
 1.6x and a small eager op 2.1x. A prediction can only be judged against a run made at the speed it
 assumed, so the calibration records both probes (``DeviceProfile.probe_gemm_us``, ``probe_op_us``), every
-CPU run times them again after each step (about 10 ms, outside the timed step), and ``autoplan compare``
+CPU run times them again after each step (about 15 ms, outside the timed step), and ``autoplan compare``
 re-evaluates the plan on the device as it ran (kernel fields scaled by the GEMM probe, host fields by the
 op probe: autoplan/cost/host_speed.py) beside the raw prediction.
 

@@ -19,10 +19,9 @@ import platform
 from collections.abc import Callable
 
 from autoplan.profiler.hardware.calibration_fit import fit_collectives, fit_device
-from autoplan.profiler.hardware.drift import at_mean_speed
+from autoplan.profiler.hardware.drift import at_mean_speed, mean_probes
 from autoplan.profiler.hardware.fit import ring_hops
 from autoplan.schema import Cluster, DeviceProfile, Link
-from autoplan.schema.trace import geometric_mean
 
 
 def machine_cores() -> int:
@@ -83,18 +82,6 @@ def measure_raw(nproc: int, say: Callable[[str], None], repeats: int = 7) -> dic
             "speed_probes": probes}
 
 
-def _probes_of(raw: dict) -> dict[str, float]:
-    """The probe GEMM's and eager op's times over the calibration (geometric means of the probes between
-    its stages, runtime/train/speed_probe.py); 0 for raw points saved before the probes existed."""
-    probes = raw.get("speed_probes", ())
-
-    def mean(key: str) -> float:
-        values = [p[key] for p in probes if p.get(key, 0) > 0]
-        return round(geometric_mean(values), 3) if values else 0.0
-
-    return {"probe_gemm_us": mean("gemm_us"), "probe_op_us": mean("op_us")}
-
-
 def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[DeviceProfile, Cluster]:
     """The device profile and the cluster (device embedded) fitted from ``raw``."""
     nproc, cores = raw["nproc"], raw["cores"]
@@ -117,7 +104,7 @@ def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[Devi
         source=(f"autoplan calibrate --nproc {nproc} on {raw['machine']} ({cores} cores), torch {raw['torch']}: "
                 "one rank's thread; kernel and op microbenchmarks only (autoplan/profiler/hardware/calibrate.py); "
                 "bf16/fp16 peaks not measured (set to fp32: the CPU runs plans in fp32)"),
-        **_probes_of(raw),
+        **mean_probes(raw.get("speed_probes", [])),
         matmul_points=fit.matmul_points, attention_points=fit.attention_points, residuals=fit.residuals,
     )
     fits, residuals = fit_collectives(raw["distributed"]["collectives"])

@@ -34,16 +34,24 @@ _HOST_STAGE_KERNEL_TIMES = ("optimizer_ns_per_param",)
 _DISTRIBUTED_TIMES = ("fsdp_unit_fwd_us", "fsdp_unit_bwd_us", "pipeline_action_us")
 
 
+def _mean(probes: list[dict[str, float]], key: str) -> float:
+    values = [p[key] for p in probes if p.get(key, 0) > 0]
+    return geometric_mean(values) if values else 0.0
+
+
+def mean_probes(probes: list[dict[str, float]]) -> dict[str, float]:
+    """The calibration's probe times, ``probe_gemm_us`` / ``probe_op_us``: geometric means of the probes
+    between its stages (0 for raw points saved before the probes existed)."""
+    return {"probe_gemm_us": round(_mean(probes, "gemm_us"), 3), "probe_op_us": round(_mean(probes, "op_us"), 3)}
+
+
 def stage_speeds(probes: list[dict[str, float]]) -> dict[str, HostSpeed] | None:
     """Each stage's speed against the mean of every probe (1.0: as fast as the calibration on average);
     None without one probe per stage boundary (raw points saved before the probes existed)."""
     if len(probes) != len(STAGES) + 1:
         return None
-    def mean(key: str, part: list[dict[str, float]]) -> float:
-        return geometric_mean([p[key] for p in part])
-
-    return {stage: HostSpeed(kernel=mean("gemm_us", probes) / mean("gemm_us", probes[i:i + 2]),
-                             host=mean("op_us", probes) / mean("op_us", probes[i:i + 2]))
+    return {stage: HostSpeed(kernel=_mean(probes, "gemm_us") / _mean(probes[i:i + 2], "gemm_us"),
+                             host=_mean(probes, "op_us") / _mean(probes[i:i + 2], "op_us"))
             for i, stage in enumerate(STAGES)}
 
 
