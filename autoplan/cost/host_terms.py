@@ -8,11 +8,12 @@ GPU predictions do not move. On a CPU host (``cores_per_node`` > 0):
   max(1, R / C); a calibrated cluster replaces that by its measured co-running slow-downs
   (``Cluster.corun_kernel_slowdown`` for kernel time, ``corun_host_slowdown`` for host time), which also
   hold what ranks share below the core count (SMT siblings, caches, memory bandwidth). Within the
-  pipeline, R is the node's ranks times the schedule's busy fraction: a rank that waits for a transfer
-  blocks in gloo and frees its core for the others. The fraction is the one of the schedule's own
-  action lists simulated with uniform stages (forward 1, backward 2), so it depends on the configuration
-  only and every layout of it shares one factor (the search stays exact). The end of the step (the
-  optimizer) runs on all ranks at once: the kernel slow-down at all the node's ranks.
+  pipeline R changes as ranks block in gloo for a transfer (freeing their cores) and resume: the factor
+  is the schedule's own action lists run on shared cores (cost/shared_cores.py, processor sharing at the
+  measured slow-downs) over the same lists on cores of their own, both with uniform stages (forward 1,
+  backward 2), so it depends on the configuration only and every layout of it shares one factor (the
+  search stays exact). The end of the step (the optimizer) runs on all ranks at once: the kernel
+  slow-down at all the node's ranks.
 * FSDP2's collectives where the runtime issues them (runtime/parallel/data_parallel.py), each with its
   measured latency (``fsdp_layer_s``, ``fsdp_step_s``): one unit per block and the stage root (embedding,
   head). Without pipelining, ZeRO-3 all-gathers a unit's weights for its forward and again for its
@@ -31,11 +32,14 @@ GPU predictions do not move. On a CPU host (``cores_per_node`` > 0):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from autoplan.cost.comm import collective_time_s, group_link
+from autoplan.cost.shared_cores import shared_span
 from autoplan.cost.simulate import simulate
 from autoplan.schema import Cluster
+from autoplan.schema.cluster import corun_slowdown
 from autoplan.schema.plan import ParallelConfig as Config
 from autoplan.schema.schedule import build_schedule
 
@@ -59,25 +63,37 @@ def ranks_on_node(cluster: Cluster, config: Config) -> int:
     return min(cluster.devices_per_node, config.tp * config.cp * config.pp * config.dp)
 
 
-def busy_fraction(config: Config) -> float:
-    """Mean share of the step a pipeline rank computes, its own schedule simulated with uniform stages."""
-    stages = config.num_stages
-    if stages == 1:
-        return 1.0
-    orders = build_schedule(config.schedule, config.pp, config.virtual_stages, config.num_microbatches)
-    timeline = simulate(orders, [1.0] * stages, [2.0] * stages, [0.0] * (stages - 1))
-    span = max(timeline.rank_end.values())
-    return sum(timeline.busy(r) for r in orders) / (len(orders) * span)
-
-
 def core_share(cluster: Cluster, config: Config) -> CoreShare:
     """Slow-downs of co-running ranks, for the pipeline phase (kernel, host) and the end of the step."""
     if not cluster.shares_cores:
         return CoreShare()
     ranks = ranks_on_node(cluster, config)
-    busy = ranks * busy_fraction(config)
-    return CoreShare(pipeline=cluster.corun_slowdown(busy, "kernel"), host=cluster.corun_slowdown(busy, "host"),
-                     tail=cluster.corun_slowdown(ranks, "kernel"))
+    if config.num_stages == 1:  # every rank computes all the time
+        pipeline, host = cluster.corun_slowdown(ranks, "kernel"), cluster.corun_slowdown(ranks, "host")
+    else:
+        pipeline, host = (_pipeline_slowdown(config.schedule, config.pp, config.virtual_stages,
+                                             config.num_microbatches, _pipeline_nodes(cluster, config),
+                                             min(config.tp * config.cp * config.dp, cluster.devices_per_node),
+                                             table, cluster.cores_per_node)
+                          for table in (cluster.corun_kernel_slowdown, cluster.corun_host_slowdown))
+    return CoreShare(pipeline=pipeline, host=host, tail=cluster.corun_slowdown(ranks, "kernel"))
+
+
+def _pipeline_nodes(cluster: Cluster, config: Config) -> tuple[int, ...]:
+    """The node of each pipeline rank: global rank tp x cp x dp x r of its first replica (plan.py order)."""
+    return tuple(config.tp * config.cp * config.dp * r // cluster.devices_per_node for r in range(config.pp))
+
+
+@functools.lru_cache(maxsize=1024)
+def _pipeline_slowdown(schedule: str, pp: int, v: int, m: int, nodes: tuple[int, ...], replicas: int,
+                       table: tuple[float, ...], cores: int) -> float:
+    """Uniform stages' step on shared cores over their step on cores of their own."""
+    stages = pp * v
+    orders = build_schedule(schedule, pp, v, m)
+    fwd, bwd, p2p = [1.0] * stages, [2.0] * stages, [0.0] * (stages - 1)
+    alone = max(simulate(orders, fwd, bwd, p2p).rank_end.values())
+    return shared_span(orders, fwd, bwd, p2p, lambda busy: corun_slowdown(table, cores, busy), nodes,
+                       replicas) / alone
 
 
 @dataclass(frozen=True)

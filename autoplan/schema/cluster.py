@@ -110,20 +110,9 @@ class Cluster:
         return self.cores_per_node > 0
 
     def corun_slowdown(self, busy_ranks: float, kind: str) -> float:
-        """Slow-down of one rank while ``busy_ranks`` (fractional: a pipeline's mean) compute at once:
-        the measured table (``kind`` "kernel" or "host") interpolated linearly, past its end by R / cores;
-        without a table max(1, R / cores)."""
+        """Slow-down of one rank while ``busy_ranks`` compute at once (``kind`` "kernel" or "host")."""
         table = self.corun_kernel_slowdown if kind == "kernel" else self.corun_host_slowdown
-        cores = max(1, self.cores_per_node)
-        if not table:
-            return max(1.0, busy_ranks / cores)
-        if busy_ranks <= 1:
-            return table[0]
-        if busy_ranks >= len(table):
-            return table[-1] * busy_ranks / len(table)
-        lo = int(busy_ranks)
-        w = busy_ranks - lo
-        return (1 - w) * table[lo - 1] + w * table[lo]
+        return corun_slowdown(table, self.cores_per_node, busy_ranks)
 
     def collective_fit(self, collective: str, group_size: int) -> CollectiveFit | None:
         """The measured fit for a group of ``group_size`` while this cluster's ranks run on a node: the fit
@@ -137,3 +126,19 @@ class Cluster:
     @property
     def num_devices(self) -> int:
         return self.devices_per_node * self.num_nodes
+
+
+def corun_slowdown(table: tuple[float, ...], cores: int, busy_ranks: float) -> float:
+    """Slow-down of one rank while ``busy_ranks`` (fractional: interpolated) compute at once on a node of
+    ``cores``: the measured table (entry R-1: R ranks) interpolated linearly, past its end by R / cores;
+    without a table max(1, R / cores)."""
+    cores = max(1, cores)
+    if not table:
+        return max(1.0, busy_ranks / cores)
+    if busy_ranks <= 1:
+        return table[0]
+    if busy_ranks >= len(table):
+        return table[-1] * busy_ranks / len(table)
+    lo = int(busy_ranks)
+    w = busy_ranks - lo
+    return (1 - w) * table[lo - 1] + w * table[lo]
