@@ -71,13 +71,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def tensor_collectives():
+    """(all-gather, reduce-scatter) into / from one flat tensor: torch 2.13 renames them ``*_single`` and
+    deprecates ``all_gather_into_tensor`` / ``reduce_scatter_tensor``, which older torch has alone."""
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
+            getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)
+
+
 def _time_collective(kind: str, n: int, size: int, group, device: torch.device, repeats: int) -> float:
     numel = max(n, size // 4) // n * n  # fp32 elements, divisible by the group size
     full = torch.ones(numel, device=device)
     shard = torch.ones(numel // n, device=device)
-    # torch 2.13 renames the tensor forms *_single and deprecates the old names
-    all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-    reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+    all_gather, reduce_scatter = tensor_collectives()
     run = {
         "all_reduce": lambda: dist.all_reduce(full, group=group),
         "all_gather": lambda: all_gather(full, shard, group=group),

@@ -45,6 +45,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from autoplan.profiler.hardware.collectives import tensor_collectives
+
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 MESSAGE_BYTES = [4] + [2**k for k in range(10, 23, 2)]  # 4 B, 1 KiB .. 4 MiB
@@ -149,9 +151,9 @@ def _run(kind: str, n: int, size: int, group) -> None:
     if kind == "all_reduce":
         dist.all_reduce(full, group=group)
     elif kind == "all_gather":
-        dist.all_gather_into_tensor(full, shard, group=group)
+        tensor_collectives()[0](full, shard, group=group)
     else:
-        dist.reduce_scatter_tensor(shard, full, group=group)
+        tensor_collectives()[1](shard, full, group=group)
 
 
 def _ping_pong(rank: int, size: int, group) -> None:
@@ -208,8 +210,9 @@ def _fsdp(rank: int) -> tuple[dict, dict]:
     fsdp = _fwd_bwd(sharded, x)
     unit_bytes = (UNIT_FEATURES * UNIT_FEATURES + UNIT_FEATURES) * 4
     full, shard = _buffers(2, unit_bytes)
-    gather = _synced_median(lambda: [dist.all_gather_into_tensor(full, shard) for _ in range(UNITS)]) / UNITS
-    scatter = _synced_median(lambda: [dist.reduce_scatter_tensor(shard, full) for _ in range(UNITS)]) / UNITS
+    all_gather, reduce_scatter = tensor_collectives()
+    gather = _synced_median(lambda: [all_gather(full, shard) for _ in range(UNITS)]) / UNITS
+    scatter = _synced_median(lambda: [reduce_scatter(shard, full) for _ in range(UNITS)]) / UNITS
     replicated = _layers()
     replicate(replicated, mesh=mesh)
     rep = _fwd_bwd(replicated, x)
