@@ -7,9 +7,12 @@ profiler/hardware/corun.py), and a rank blocked in a receive frees its share. Wi
 all the time: in the warm-up one rank computes, in the steady state all of them, in the drain one again.
 A single factor at the mean number of busy ranks misses that the busy phases are slowed more than the idle
 phases are sped up (the slow-down grows faster than linearly past the core count), and that a stage
-slowed by its neighbours delays the stages after it: on gpt-tiny's pp4 GPipe plan on 2 cores the
-mean-field factor predicted 0.081 s where the run measured 0.12-0.14 s, and the host showed a fifth of its
-CPU idle during the steady state (vmstat), which no single factor can produce.
+slowed by its neighbours delays the stages after it. Uniform GPipe on 4 stages, 4 micro-batches and 2
+cores: 27 time units here against 24 for the mean-field factor (tests/planner/test_shared_cores.py works
+it by hand). Measured on the 2-core test host, gpt-tiny's pp4 plans ran 15-30% slower than the mean-field
+prediction with a fifth of the CPU idle during the steady state (vmstat), which no single factor can
+produce; with this simulation the same calibration predicts them 10-11% slower than before, which closes
+part of that gap, not all of it.
 
 ``shared_span`` runs the same dependency graph as ``simulate`` (``compiled``) as a fluid model: each rank
 works through its list; an action starts once its rank is free and its inputs have arrived; between two
