@@ -34,10 +34,18 @@ reference figures were measured with.
 Host work (``HostOps``, priced only where the device has host fields, i.e. on a CPU): the eager ops of
 the runtime's reference layers (runtime/models/gpt.py, llama.py) as ``TorchDispatchMode`` counts them,
 per forward and backward of one micro-batch, in ``HOST_OP_COUNTS``; they do not depend on the shapes.
-tests/planner/test_host_ops.py recounts them on the runtime's layers. Dropout > 0 adds mask ops and runs
+tests/profiler/test_eager_bytes.py recounts them on the runtime's layers. Dropout > 0 adds mask ops and runs
 the attention core once per (row, head) (runtime/models/dropout.py): not counted here, so the host time
 of a model with dropout is underestimated. TP-parallelised modules per layer: q, k, v, o and the MLP's
 matrices of a block, the vocabulary-parallel embedding, the head.
+
+Eager bytes (``EAGER_ELEMENTS``, priced instead of the fused bytes where the runtime runs eagerly,
+cost/layer_ops.py ``runs_eager``): what every eager op of the runtime's layer reads and writes, forward and
+backward, in elements per token of the residual stream (per h, split by SP), the attention heads (per h
+and per kv width, split by TP), the MLP's activations (per ffn width, split by TP) and the logits (per
+padded vocabulary, split by TP); counted by autoplan.profiler.hardware.eager_bytes at dropout 0 and
+recounted at other shapes by tests/profiler/test_eager_bytes.py. Eager traffic is 2-5x the fused count:
+RMSNorm alone is six kernels forward (pow, mean, add, rsqrt, two muls), RoPE eight.
 """
 
 from __future__ import annotations
@@ -50,15 +58,38 @@ from autoplan.schema import ModelSpec
 
 # (forward compute ops, forward views, backward compute ops, backward views) per layer and architecture,
 # dropout 0, counted by autoplan.profiler.hardware.op_count on the runtime's layers (the head includes the
-# loss: log-softmax and NLL; a tied head adds its gradient into the embedding's)
+# loss: log-softmax and NLL, and its backward the loss's unit gradient; a tied head adds its gradient into
+# the embedding's; the other layers' backward starts from the gradient the next layer hands them)
 HOST_OP_COUNTS: dict[tuple[str, str], tuple[int, int, int, int]] = {
-    ("gpt", "embedding"): (4, 0, 4, 3),
-    ("gpt", "block"): (5, 27, 14, 68),
+    ("gpt", "embedding"): (4, 0, 3, 3),
+    ("gpt", "block"): (5, 27, 13, 68),
     ("gpt", "head"): (4, 5, 6, 10),
-    ("llama", "embedding"): (1, 0, 2, 1),
-    ("llama", "block"): (39, 34, 61, 71),
+    ("llama", "embedding"): (1, 0, 1, 1),
+    ("llama", "block"): (39, 34, 60, 71),
     ("llama", "head"): (9, 6, 18, 13),
 }
+
+
+# (forward, backward) elements per token moved by the eager ops of a layer, by what they scale with:
+# (hidden, q, kv, ffn, vocab); printed by `python -m autoplan.profiler.hardware.eager_bytes`
+EAGER_ELEMENTS: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = {
+    ("gpt", "embedding"): ((3.0, 0.0, 0.0, 0.0, 0.0), (2.0, 0.0, 0.0, 0.0, 0.0)),
+    ("gpt", "block"): ((10.0, 0.0, 0.0, 2.0, 0.0), (23.0, 0.0, 0.0, 4.0, 0.0)),
+    ("gpt", "head"): ((2.0, 0.0, 0.0, 0.0, 3.0), (3.0, 0.0, 0.0, 0.0, 5.0)),
+    ("llama", "embedding"): ((1.0, 0.0, 0.0, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0, 0.0)),
+    ("llama", "block"): ((20.0, 11.0, 9.0, 5.0, 0.0), (63.0, 16.0, 16.0, 9.0, 0.0)),
+    ("llama", "head"): ((7.0, 0.0, 0.0, 0.0, 3.0), (24.0, 0.0, 0.0, 0.0, 5.0)),
+}
+
+
+def eager_bytes(model: ModelSpec, layer: str, tokens: int, tp: int, sp: bool, e: int) -> tuple[float, float]:
+    """(forward, backward) bytes the runtime's eager ops of ``layer`` move for ``tokens`` tokens on one
+    device (module doc): the residual stream is split by SP, the heads, MLP and logits by TP."""
+    r = 1 / tp if sp else 1.0
+    widths = (model.hidden_size * r, model.hidden_size / tp, model.kv_size / tp, model.ffn_hidden_size / tp,
+              model.padded_vocab_size(tp) / tp)
+    return tuple(e * tokens * sum(c * w for c, w in zip(counts, widths))
+                 for counts in EAGER_ELEMENTS[(model.architecture, layer)])
 
 
 def host_ops(model: ModelSpec, layer: str) -> HostOps:
@@ -115,7 +146,7 @@ def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, atten
     return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
                     elementwise_bytes=elementwise, elementwise_kernels=kernels,
                     saved=act.block_saved_bytes(model, b, s, tp, sp, e, attention), tp_fwd=fwd, tp_bwd=bwd,
-                    host=host_ops(model, "block"))
+                    host=host_ops(model, "block"), eager_bytes=eager_bytes(model, "block", tokens, tp, sp, e))
 
 
 def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
@@ -152,7 +183,8 @@ def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, c
     bwd = (Message("all_gather", hidden),) if sp else ()
     return LayerOps(params=vocab * model.hidden_size / tp + pos, gemms=(), attention=None,
                     elementwise_bytes=moved, elementwise_kernels=2, saved=SavedBytes(saved, saved, saved),
-                    tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "embedding"))
+                    tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "embedding"),
+                    eager_bytes=eager_bytes(model, "embedding", b * s, tp, sp, e))
 
 
 def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: int = 1) -> LayerOps:
@@ -173,4 +205,5 @@ def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: in
     bwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
     return LayerOps(params=norm_params + projection, gemms=(Gemm(tokens, vocab // tp, model.hidden_size, fp8=False),),
                     attention=None, elementwise_bytes=moved, elementwise_kernels=3,
-                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "head"))
+                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "head"),
+                    eager_bytes=eager_bytes(model, "head", tokens, tp, sp, e))

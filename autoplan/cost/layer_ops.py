@@ -22,7 +22,9 @@ Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
 * attention core under context parallelism (cp > 1): torch's ring attention, cost/context_parallel.py: each
   rank runs 1/cp of the causal work as cp fused kernels on its s/cp queries, and the ring's K/V exchange
   shows where the kernels cannot hide it.
-* memory-bound (element-wise) work between the GEMMs: the bytes given, backward BACKWARD_MEMORY_FACTOR x;
+* memory-bound (element-wise) work between the GEMMs: the fused bytes given, backward
+  BACKWARD_MEMORY_FACTOR x; on a device the runtime runs eagerly (``runs_eager``: a calibrated CPU) the
+  bytes its eager ops move, counted forward and backward (``LayerOps.eager_bytes``);
   without gradient-accumulation fusion the backward also adds each weight gradient into the fp32 buffer
   (read the gradient, read and write the buffer: e + 8 bytes per parameter, every micro-batch).
 * host time (``HostOps`` priced by the device's host fields, schema/hardware.py; 0 on GPUs): the layer's
@@ -38,7 +40,7 @@ from autoplan.cost.activations import SavedBytes
 from autoplan.cost.comm import Collective, collective_time_s, group_link
 from autoplan.cost.context_parallel import RingExchange, ring_exposed_s
 from autoplan.cost.compute import flash_attention_time_s, matmul_time_s, memory_time_s
-from autoplan.schema import Cluster, TrainingSetup
+from autoplan.schema import Cluster, DeviceProfile, TrainingSetup
 
 # Backward runs two GEMMs (input and weight gradient) per forward GEMM: "backward = 2 x forward".
 BACKWARD_FACTOR = 2.0
@@ -142,6 +144,11 @@ class LayerOps:
     ring: RingExchange | None = None
     """Context parallelism: the K/V the block's ring attention exchanges (None without cp)."""
     host: HostOps = HostOps()
+    eager_bytes: tuple[float, float] | None = None
+    """(forward, backward) bytes the same memory-bound work moves when every op is its own kernel, as the
+    runtime's eager layers run it (cost/analytic_ops.py ``EAGER_ELEMENTS``); priced instead of the fused
+    bytes on a device that runs the runtime eagerly (one with host fields: a calibrated CPU). None: not
+    counted (a traced profile), the fused bytes are priced."""
 
 
 def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> LayerOps:
@@ -162,7 +169,8 @@ def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> 
     return replace(ops, gemms=tuple(replace(g, m=g.m // cp) for g in ops.gemms),
                    attention=replace(ops.attention, cp=cp) if ops.attention is not None else None,
                    elementwise_bytes=ops.elementwise_bytes / cp, saved=saved, tp_fwd=split(ops.tp_fwd),
-                   tp_bwd=split(ops.tp_bwd), ring=ring)
+                   tp_bwd=split(ops.tp_bwd), ring=ring,
+                   eager_bytes=None if ops.eager_bytes is None else (ops.eager_bytes[0] / cp, ops.eager_bytes[1] / cp))
 
 
 def fp8_cast_bytes(g: Gemm, e: int) -> tuple[float, float]:
@@ -229,6 +237,13 @@ class LayerTimes:
     host_bwd_s: float = 0.0
 
 
+def runs_eager(device: DeviceProfile) -> bool:
+    """Whether plans on ``device`` are priced as the runtime runs them, op by op: a device with host fields
+    (``autoplan calibrate`` measured its per-op host time, a CPU) is one the runtime's eager layers ran on
+    when it was calibrated. GPU profiles describe published runs, with fused element-wise kernels."""
+    return device.host_op_us > 0
+
+
 def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> LayerTimes:
     device, act = cluster.device, training.activation_precision
     e = 4 if act == "fp32" else 2
@@ -247,10 +262,12 @@ def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> Lay
     if ops.attention is not None:
         attn_fwd, attn_bwd = _attention_times(ops.attention, cluster, training)
     casts = sum(g.count for g in ops.gemms if g.fp8) if training.precision == "fp8" else 0
-    elem_fwd = memory_time_s(ops.elementwise_bytes + cast_fwd, device, ops.elementwise_kernels + 2 * casts)
+    fwd_bytes, bwd_bytes = ops.elementwise_bytes, BACKWARD_MEMORY_FACTOR * ops.elementwise_bytes
+    if ops.eager_bytes is not None and runs_eager(device):
+        fwd_bytes, bwd_bytes = ops.eager_bytes
+    elem_fwd = memory_time_s(fwd_bytes + cast_fwd, device, ops.elementwise_kernels + 2 * casts)
     accumulate = 0.0 if training.grad_accumulation_fusion else ops.params * (e + 8)
-    elem_bwd = memory_time_s(BACKWARD_MEMORY_FACTOR * ops.elementwise_bytes + cast_bwd + accumulate, device,
-                             ops.elementwise_kernels + 2 * casts)
+    elem_bwd = memory_time_s(bwd_bytes + cast_bwd + accumulate, device, ops.elementwise_kernels + 2 * casts)
     if ops.ring is not None:  # ring attention's log-sum-exp merges and fp32 gradient accumulation
         elem_fwd += memory_time_s(ops.ring.merge_fwd_bytes, device, ops.ring.merge_fwd_kernels)
         elem_bwd += memory_time_s(ops.ring.merge_bwd_bytes, device, ops.ring.merge_bwd_kernels)
