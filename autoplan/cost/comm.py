@@ -18,11 +18,14 @@ min(intra-node bandwidth, g x the per-device inter-node bandwidth): every member
 
 A cluster with measured fits (``Cluster.collectives``, gloo on a CPU host) prices a group of n by the fit
 of its collective at n instead: t = alpha + factor * S / busbw, alpha and busbw as measured with the
-node's ranks all running (schema/cluster.py).
+node's ranks all running (schema/cluster.py). A TP group's collectives take the ``tp_*`` fits where
+there are some: measured as DTensor issues them inside a layer, they cost about twice the plain loop's
+on a 2-core host (profiler/hardware/distributed_overhead.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -50,13 +53,14 @@ class GroupLink:
         return next((f for f in self.fits if f.collective == kind), None)
 
 
-def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
-    """Link of a group of ``size`` ranks spaced ``stride`` apart (tp: stride 1; cp and dp x cp: stride tp)."""
+def group_link(cluster: Cluster, size: int, stride: int, tensor_parallel: bool = False) -> GroupLink:
+    """Link of a group of ``size`` ranks spaced ``stride`` apart (tp: stride 1; cp and dp x cp: stride tp);
+    ``tensor_parallel``: the TP group, whose collectives DTensor issues (the ``tp_*`` fits)."""
     per_node = cluster.devices_per_node
     intra = cluster.intra_node
     base = cluster.collective_latency_us * 1e-6
     fits = tuple(f for kind in ("all_reduce", "all_gather", "reduce_scatter")
-                 if (f := cluster.collective_fit(kind, size)) is not None) if size > 1 else ()
+                 if (f := _fit(cluster, kind, size, tensor_parallel)) is not None) if size > 1 else ()
     if size <= 1 or size * stride <= per_node:
         return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base, fits,
                          cluster.collective_wait_factor)
@@ -64,6 +68,14 @@ def group_link(cluster: Cluster, size: int, stride: int) -> GroupLink:
     inter_bw = min(intra.bandwidth_gb_per_s, members_per_node * cluster.inter_node.bandwidth_gb_per_s)
     return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base, fits,
                      cluster.collective_wait_factor)
+
+
+def _fit(cluster: Cluster, kind: str, size: int, tensor_parallel: bool) -> CollectiveFit | None:
+    if tensor_parallel:
+        tp = cluster.collective_fit(f"tp_{kind}", size)
+        if tp is not None:
+            return dataclasses.replace(tp, collective=kind)
+    return cluster.collective_fit(kind, size)
 
 
 def collective_time_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:

@@ -307,7 +307,7 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, tp: int
     if ops.ring is not None and ops.ring.cp > 1:
         link = group_link(cluster, ops.ring.cp, tp)
         cp_fwd, cp_bwd = ring_exposed_s(ops.ring, t.attention_fwd_s, t.attention_bwd_s, link)
-    link = group_link(cluster, tp, 1)
+    link = group_link(cluster, tp, 1, tensor_parallel=True)
     tp_fwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_fwd) if tp > 1 else 0.0
     tp_bwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_bwd) if tp > 1 else 0.0
     standard = ops.attention is not None and training.attention == "standard"

@@ -44,9 +44,13 @@ class Link:
 class CollectiveFit:
     """t(S) = alpha + factor * S / busbw for one collective (S the full, unsharded bytes; factor 2(n-1)/n
     for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for send_recv), measured with
-    ``group_size`` ranks per group while ``ranks`` ranks ran on the node, every group at once."""
+    ``group_size`` ranks per group while ``ranks`` ranks ran on the node, every group at once.
+    ``tp_all_reduce`` / ``tp_all_gather`` / ``tp_reduce_scatter``: the collective as tensor parallelism
+    issues it (DTensor, inside a layer's forward and backward; profiler/hardware/distributed_overhead.py),
+    which TP groups use in place of the plain one."""
 
-    collective: Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+    collective: Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "tp_all_reduce", "tp_all_gather",
+                        "tp_reduce_scatter"]
     group_size: int
     ranks: int
     alpha_us: float

@@ -15,7 +15,8 @@ SIZES = [4] + [2**k for k in range(10, 23, 2)]
 
 
 @pytest.mark.parametrize(("kind", "n", "alpha_us", "busbw"), [("all_reduce", 4, 900.0, 0.6), ("all_gather", 2, 350.0, 1.3),
-                                                              ("send_recv", 2, 150.0, 2.0)])
+                                                              ("send_recv", 2, 150.0, 2.0),
+                                                              ("tp_all_reduce", 2, 3100.0, 0.5), ("tp_all_gather", 4, 2900.0, 0.4)])
 def test_alpha_beta_fit_recovers_the_generating_alpha_and_bus_bandwidth(kind, n, alpha_us, busbw):
     points = [{"collective": kind, "group_size": n, "ranks": 4, "bytes": s,
                "seconds": alpha_us * 1e-6 + ring_factor(kind, n) * s / (busbw * 1e9)} for s in SIZES]

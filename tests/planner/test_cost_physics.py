@@ -97,6 +97,24 @@ def test_collective_latency_is_nccls_ring_model():
     assert collective_time_s("all_gather", 8, link) == pytest.approx((8.4 + 7 * 3.4) * 1e-6, rel=1e-3)
 
 
+def test_tp_groups_price_all_reduces_by_the_tp_fit_and_other_groups_by_the_plain_one():
+    """The shipped CPU calibration measures collectives both ways (distributed_overhead.py): a TP group of
+    2 on 4 ranks takes the fits measured as DTensor issues them (all-reduce, and sequence parallelism's
+    all-gather), any other group of 2 the plain loop's."""
+    cluster = load_cluster("cpu-local-calibrated")
+    tp_fit, plain_fit = cluster.collective_fit("tp_all_reduce", 2), cluster.collective_fit("all_reduce", 2)
+    assert tp_fit is not None and plain_fit is not None and tp_fit.ranks == plain_fit.ranks == 4
+    size = 128 * 1024
+    expected = {True: tp_fit.alpha_us * 1e-6 + size / (tp_fit.busbw_gb_per_s * 1e9),
+                False: plain_fit.alpha_us * 1e-6 + size / (plain_fit.busbw_gb_per_s * 1e9)}
+    for tensor_parallel, t in expected.items():
+        link = group_link(cluster, 2, 1, tensor_parallel=tensor_parallel)
+        assert collective_time_s("all_reduce", size, link) == pytest.approx(t, rel=1e-9)
+    gather = cluster.collective_fit("tp_all_gather", 2)  # sequence parallelism's all-gather, as DTensor issues it
+    assert collective_time_s("all_gather", size, group_link(cluster, 2, 1, tensor_parallel=True)) == \
+        pytest.approx(gather.alpha_us * 1e-6 + size / 2 / (gather.busbw_gb_per_s * 1e9), rel=1e-9)
+
+
 def test_fp8_gemm_runs_at_the_fp8_curve():
     """A large GEMM in fp8 is faster by the ratio of the two measured ceilings x peaks (MAMF: 1402.6 against
     794.5 TFLOP/s on H100), and a device without fp8 tensor cores refuses fp8."""

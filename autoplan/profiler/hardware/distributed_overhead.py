@@ -55,6 +55,9 @@ UNITS = 8
 PIPELINE_MICROBATCHES = (4, 16)
 SEGMENT_MNK = (512, 256, 256)  # 67 MFLOP: ~1 ms of fp32 GEMM on one core
 SEGMENT_CALLS = 8
+TP_HIDDEN = 64
+TP_TOKENS = (48, 192, 768, 3072)  # 12 KiB .. 768 KiB fp32 messages (TP_HIDDEN wide); divisible by 2, 3, 4
+TP_PAIRS = 4
 
 
 def measure_distributed(nproc: int, repeats: int = 7, progress=lambda _m: None) -> dict:
@@ -76,7 +79,7 @@ def measure_distributed(nproc: int, repeats: int = 7, progress=lambda _m: None) 
 def _worker(rank: int, world: int, repeats: int, tmp: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
-    data: dict = {"collectives": _collectives(rank, world, repeats)}
+    data: dict = {"collectives": _collectives(rank, world, repeats) + _tp_collectives(rank, world, repeats)}
     if world == 2:
         data["fsdp"], data["replicate"] = _fsdp(rank)
         data["pipeline"] = _pipeline(rank)
@@ -108,6 +111,58 @@ def _collectives(rank: int, world: int, repeats: int) -> list[dict]:
             points.append({"collective": "send_recv", "group_size": 2, "ranks": world, "bytes": size,
                            "seconds": seconds})
     return points
+
+
+def _tp_collectives(rank: int, world: int, repeats: int) -> list[dict]:
+    """``tp_all_reduce``, ``tp_all_gather`` and ``tp_reduce_scatter`` points for every TP size dividing the
+    world (module doc)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    alone = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))["tp"]
+    points = []
+    for n in range(2, world + 1):
+        if world % n:
+            continue
+        mesh = init_device_mesh("cpu", (world // n, n), mesh_dim_names=("dp", "tp"))["tp"]
+        for sp in (False, True):
+            for tokens in TP_TOKENS:
+                together, solo = _tp_pairs(mesh, n, n, sp), _tp_pairs(alone, n, 1, sp)
+                # the same local compute: with SP the real mesh gathers the sequence shard to full length
+                x_together = torch.randn(tokens // n if sp else tokens, TP_HIDDEN, requires_grad=True)
+                x_solo = torch.randn(tokens, TP_HIDDEN, requires_grad=True)
+
+                def run(model: nn.Module, x: torch.Tensor) -> float:
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    model(x).sum().backward()
+                    return time.perf_counter() - t0
+
+                run(together, x_together), run(solo, x_solo)  # warm-up
+                diffs = [run(together, x_together) - run(solo, x_solo) for _ in range(repeats)]
+                # no SP: one all-reduce per module (forward or backward); SP: an all-gather and a
+                # reduce-scatter per module, which this pattern cannot tell apart: each gets half
+                seconds = max(1e-6, statistics.median(diffs) / (2 * TP_PAIRS))
+                if rank == 0:
+                    for kind in (("tp_all_gather", "tp_reduce_scatter") if sp else ("tp_all_reduce",)):
+                        points.append({"collective": kind, "group_size": n, "ranks": world,
+                                       "bytes": tokens * TP_HIDDEN * 4, "seconds": seconds / (2 if sp else 1)})
+    return points
+
+
+def _tp_pairs(mesh, n: int, mesh_size: int, sequence_parallel: bool) -> nn.Module:
+    """``TP_PAIRS`` Megatron MLP pairs, 4 x TP_HIDDEN wide in all, whose local shards are 4 x TP_HIDDEN / n
+    wide on a TP mesh of ``mesh_size`` (n: the real split; 1: the same shards on a mesh of one); with
+    ``sequence_parallel`` the activations between pairs are sharded on the sequence (Megatron-SP)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    width = 4 * TP_HIDDEN // n * mesh_size
+    model = nn.Sequential(*[m for _ in range(TP_PAIRS) for m in (nn.Linear(TP_HIDDEN, width),
+                                                                 nn.Linear(width, TP_HIDDEN))])
+    colwise = ColwiseParallel(input_layouts=Shard(0)) if sequence_parallel else ColwiseParallel()
+    rowwise = RowwiseParallel(output_layouts=Shard(0)) if sequence_parallel else RowwiseParallel()
+    return parallelize_module(model, mesh, {str(i): colwise if i % 2 == 0 else rowwise for i in range(2 * TP_PAIRS)})
 
 
 def _segment():

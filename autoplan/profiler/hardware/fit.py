@@ -36,6 +36,7 @@ class AlphaBeta:
 
 
 def ring_factor(collective: str, n: int) -> float:
+    collective = collective.removeprefix("tp_")  # the same collective as tensor parallelism issues it
     if collective == "all_reduce":
         return 2 * (n - 1) / n
     if collective in ("all_gather", "reduce_scatter"):
@@ -44,6 +45,7 @@ def ring_factor(collective: str, n: int) -> float:
 
 
 def ring_hops(collective: str, n: int) -> int:
+    collective = collective.removeprefix("tp_")
     if collective == "all_reduce":
         return 2 * (n - 1)
     if collective in ("all_gather", "reduce_scatter"):

@@ -74,23 +74,32 @@ def _mixed_chain(x: torch.Tensor) -> torch.Tensor:
 CHAINS = {"compute": _compute_chain, "views": _view_chain, "mixed": _mixed_chain}
 
 
-def op_chain_points() -> list[dict]:
-    """Per chain: the forward and backward op counts (compute, views) and times of a [2, 32] fp32 input."""
-    points = []
+def op_chain_points(rounds: int = 9) -> list[dict]:
+    """Per chain: the forward and backward op counts (compute, views) and times of a [2, 32] fp32 input.
+
+    The chains are timed in turn, ``rounds`` times, and each time is the median over the rounds: the
+    fit separates per-op from per-view cost by the chains' differences, and a shared host that drifts
+    by 30% within a second (one chain timed in a slow moment, the next in a fast one) made one calibration's
+    view cost twice the last's when each chain was timed once, in a block."""
+    chains = []
     for name, chain in CHAINS.items():
         x = torch.randn(2, 32, requires_grad=True)
-        fwd_count, out, _ = count_ops(lambda: chain(x))
+        fwd_count, out, _ = count_ops(lambda c=chain, x=x: c(x))
         grad = torch.ones_like(out)
-        bwd_count, _, _ = count_ops(lambda: out.backward(grad))
-        fwd_s = median_s(lambda: chain(x))
-
-        def both() -> None:
-            chain(x).backward(grad)
-        both_s = median_s(both)
-        points.append({"chain": name, "fwd_compute": _host(fwd_count)[0], "fwd_views": _host(fwd_count)[1],
-                       "bwd_compute": _host(bwd_count)[0], "bwd_views": _host(bwd_count)[1],
-                       "fwd_s": fwd_s, "bwd_s": max(0.0, both_s - fwd_s)})
-    return points
+        bwd_count, _, _ = count_ops(lambda o=out, g=grad: o.backward(g))
+        chains.append((name, chain, x, grad, fwd_count, bwd_count))
+    fwd: dict[str, list[float]] = {c[0]: [] for c in chains}
+    bwd: dict[str, list[float]] = {c[0]: [] for c in chains}
+    for _ in range(rounds):
+        for name, chain, x, grad, _, _ in chains:
+            fwd_s = median_s(lambda c=chain, x=x: c(x), budget_s=0.03, min_reps=7)
+            both_s = median_s(lambda c=chain, x=x, g=grad: c(x).backward(g), budget_s=0.03, min_reps=7)
+            fwd[name].append(fwd_s)
+            bwd[name].append(max(0.0, both_s - fwd_s))
+    return [{"chain": name, "fwd_compute": _host(fc)[0], "fwd_views": _host(fc)[1],
+             "bwd_compute": _host(bc)[0], "bwd_views": _host(bc)[1],
+             "fwd_s": statistics.median(fwd[name]), "bwd_s": statistics.median(bwd[name])}
+            for name, _, _, _, fc, bc in chains]
 
 
 def _host(count: OpCount) -> tuple[int, int]:
