@@ -118,6 +118,12 @@ def _tp_collectives(rank: int, world: int, repeats: int) -> list[dict]:
     world (module doc)."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    def run(model: nn.Module, x: torch.Tensor) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        model(x).sum().backward()
+        return time.perf_counter() - t0
+
     alone = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))["tp"]
     points = []
     for n in range(2, world + 1):
@@ -125,18 +131,11 @@ def _tp_collectives(rank: int, world: int, repeats: int) -> list[dict]:
             continue
         mesh = init_device_mesh("cpu", (world // n, n), mesh_dim_names=("dp", "tp"))["tp"]
         for sp in (False, True):
+            together, solo = _tp_pairs(mesh, n, n, sp), _tp_pairs(alone, n, 1, sp)
             for tokens in TP_TOKENS:
-                together, solo = _tp_pairs(mesh, n, n, sp), _tp_pairs(alone, n, 1, sp)
                 # the same local compute: with SP the real mesh gathers the sequence shard to full length
                 x_together = torch.randn(tokens // n if sp else tokens, TP_HIDDEN, requires_grad=True)
                 x_solo = torch.randn(tokens, TP_HIDDEN, requires_grad=True)
-
-                def run(model: nn.Module, x: torch.Tensor) -> float:
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    model(x).sum().backward()
-                    return time.perf_counter() - t0
-
                 run(together, x_together), run(solo, x_solo)  # warm-up
                 diffs = [run(together, x_together) - run(solo, x_solo) for _ in range(repeats)]
                 # no SP: one all-reduce per module (forward or backward); SP: an all-gather and a
