@@ -3,12 +3,12 @@ ranks (varying tp, pp, dp, ZeRO, schedule, micro-batch and recomputation), each 
 calibrated cluster (``autoplan calibrate``), run with ``autoplan run`` and compared with ``autoplan
 compare``: step time (median of the steps after warm-up) and peak memory per rank, predicted vs measured.
 
-Fit and test: the calibrated profile is fitted to kernel- and op-level microbenchmarks only (no plan
-below is part of its fit), so every plan is a test plan. ``--refine`` adds the optional whole-run
-refinement (``autoplan calibrate --runs``'s one parameter, collective_wait_factor), fitted on every other
-plan of the list and scored on the others only, from the same runs (no extra launches). ``chosen_vs_best``: the plan ``autoplan plan``
-chooses for gpt-tiny on 4 ranks (measured with the others of its group) against the fastest measured
-plan of that group - 1.
+Fit and test: the calibrated profile is fitted to kernel- and op-level microbenchmarks only (no plan below
+is part of its fit), so every plan is a test plan. ``--refine`` adds the optional whole-run refinement
+(``autoplan calibrate --runs``'s one parameter, collective_wait_factor), fitted on every other plan of the
+list and scored on the others only, from the same runs (no extra launches). ``chosen_vs_best``: the plan
+``autoplan plan`` chooses for gpt-tiny on 4 ranks (measured with the others of its group) against the
+fastest measured plan of that group - 1.
 
 Host speed: a shared host drifts (on the 2-core test machine the same fixed work took 88 ms and, minutes
 later, 140 ms), so every CPU run times a fixed GEMM and a fixed eager op after each step and the
@@ -17,9 +17,14 @@ host speed against the calibration ("speed k/h") and the error of the plan re-ev
 (``autoplan compare``, autoplan/cost/host_speed.py) beside the raw error; the figures are printed for
 both. The probes are kernel-level measurements: nothing is fitted to the runs.
 
-Usage (from the repository root): python benchmarks/fidelity.py [--cluster NAME | --calibrate] [--quick]
-[--json] [--keep DIR] [--refine]. Targets (issue 8): Spearman >= 0.9, median |error| <= 15%, max <= 30%, chosen_vs_best <=
-10%, memory median |error| <= 25%. One torchrun launch per plan (the runtime runs one plan per launch).
+Usage (from the repository root): python benchmarks/fidelity.py [--cluster NAME] [--quick] [--repeats N]
+[--json] [--keep DIR] [--refine]. By default it first runs ``autoplan calibrate`` into its scratch folder
+and plans on that cluster; ``--cluster NAME`` (say the shipped cpu-local-calibrated) skips that. Targets
+(issue 8): Spearman >= 0.9, median |error| <= 15%, max <= 30%, chosen_vs_best <= 10%, memory median |error|
+<= 25%. The runtime runs one plan per torchrun launch; every plan is launched ``--repeats`` times (default
+3), the whole list once per round, and scored by its median launch: on this host the same plan measured
+0.378 s and 0.566 s ten minutes apart, and one launch per plan put that drift on whichever plans ran in a
+slow spell.
 """
 
 from __future__ import annotations
@@ -76,16 +81,28 @@ def checked(result: subprocess.CompletedProcess, what: str) -> str:
     return result.stdout
 
 
-def measure(tmp: Path, i: int, model: str, ranks: int, gbs: int, flags: list[str], cluster: str,
-            steps: int, warmup: int) -> dict:
+def plan_one(tmp: Path, i: int, model: str, ranks: int, gbs: int, flags: list[str], cluster: str) -> Path:
     plan = tmp / f"plan{i}.yaml"
-    metrics = tmp / f"metrics{i}.jsonl"
     checked(autoplan("plan", model, "--cluster", cluster, "--devices-per-node", str(ranks),
                      "--global-batch-size", str(gbs), *flags, "-o", str(plan)), f"plan {i}")
+    return plan
+
+
+def run_one(tmp: Path, i: int, round_: int, steps: int, warmup: int) -> dict:
+    """One launch of plan i; ``autoplan compare``'s JSON of it (its metrics file is kept per round)."""
+    plan = tmp / f"plan{i}.yaml"
+    metrics = tmp / f"metrics{i}-round{round_}.jsonl"
     checked(autoplan("run", str(plan), "--steps", str(steps), "--metrics", str(metrics)), f"run {i}")
     data = json.loads(checked(autoplan("compare", str(plan), str(metrics), "--warmup-steps", str(warmup), "--json"),
                               f"compare {i}"))
+    data["metrics_file"] = str(metrics)
     return data
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run whose measured step is the median of the rounds (the lower one of an even count): one real
+    run, so its step time, memory and host-speed probes belong together."""
+    return sorted(runs, key=lambda d: d["measured_step_time_s"])[(len(runs) - 1) // 2]
 
 
 def chosen_layout(tmp: Path, cluster: str) -> str:
@@ -103,7 +120,8 @@ def plan_key(path: Path) -> str:
     return f"{layout_label(plan)}, recompute {recompute_label(plan)}"
 
 
-def row_of(d: dict, tmp: Path, i: int, group: str, ranks: int, flags: list[str]) -> dict:
+def row_of(runs: list[dict], tmp: Path, i: int, group: str, ranks: int, flags: list[str]) -> dict:
+    d = median_run(runs)
     mem = d["memory_per_rank"]
     return {"group": group, "model": d["model"], "ranks": ranks, "layout": d["layout"],
             "key": plan_key(tmp / f"plan{i}.yaml"), "flags": " ".join(flags),
@@ -114,7 +132,8 @@ def row_of(d: dict, tmp: Path, i: int, group: str, ranks: int, flags: list[str])
             "memory_errors": [m["rel_error"] for m in mem],
             "predicted_memory_gib": [m["predicted_gib"] for m in mem],
             "measured_memory_gib": [m["measured_gib"] for m in mem], "role": "test",
-            "files": (str(tmp / f"plan{i}.yaml"), str(tmp / f"metrics{i}.jsonl"))}
+            "measured_rounds_s": [r["measured_step_time_s"] for r in runs],
+            "files": (str(tmp / f"plan{i}.yaml"), d["metrics_file"])}
 
 
 def _refined(cluster_name: str, rows: list[dict]) -> dict:
@@ -146,44 +165,56 @@ def _refined(cluster_name: str, rows: list[dict]) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cluster", default="cpu-local-calibrated", help="calibrated cluster (default: the shipped one)")
-    p.add_argument("--quick", action="store_true", help="4 plans, fewer steps: a smoke test")
+    p.add_argument("--cluster", help="plan on this calibrated cluster instead of calibrating first (the shipped "
+                                      "one is cpu-local-calibrated; --quick uses it)")
+    p.add_argument("--quick", action="store_true", help="4 plans, fewer steps, one launch each: a smoke test")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--keep", help="keep plans and metrics in this folder")
-    p.add_argument("--calibrate", action="store_true",
-                   help="first run `autoplan calibrate` into the scratch folder and plan on that cluster: the "
-                        "micro-benchmarks then see the host as the runs do (a shared host drifts by tens of "
-                        "percent within an hour)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="launch every plan this many times, in rounds, and score each plan's median launch "
+                        "(default 3, 1 with --quick)")
     p.add_argument("--refine", action="store_true",
                    help="also fit the run-level refinement on every other plan and score the rest")
     args = p.parse_args()
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.repeats < 1:
+        p.error("--repeats: give 1 or more launches per plan")
     say = (lambda m: print(m, file=sys.stderr, flush=True))
     chosen_plans = [i for i in (QUICK if args.quick else range(len(PLANS)))]
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
         tmp.mkdir(parents=True, exist_ok=True)
-        if args.calibrate:
-            say("fidelity: autoplan calibrate (kernel and op micro-benchmarks, about 2 minutes)")
+        if args.cluster is None and args.quick:
+            args.cluster = "cpu-local-calibrated"
+        if args.cluster is None:
+            # the micro-benchmarks then see the host as the runs do: a shared host drifts by tens of percent
+            # within an hour, and the shipped calibration was taken on another day
+            say("fidelity: autoplan calibrate (kernel and op micro-benchmarks, about 3 minutes)")
             checked(autoplan("calibrate", "--quiet", "-o", str(tmp / "calibrated-device.yaml"),
                              "--cluster-out", str(tmp / "calibrated-cluster.yaml")), "calibrate")
             args.cluster = str(tmp / "calibrated-cluster.yaml")
         chosen = chosen_layout(tmp, args.cluster)
         say(f"fidelity: the planner chooses {chosen} for gpt-tiny on 4 ranks")
-        rows = []
         start = time.perf_counter()
         jobs = [(i, *PLANS[i]) for i in chosen_plans]
-        for n, (i, group, model, ranks, gbs, flags) in enumerate(jobs):
-            big = "100m" in group
-            steps, warmup = ((4, 2) if big else (8, 3)) if args.quick else ((6, 2) if big else (14, 4))
-            say(f"fidelity: [{n + 1}/{len(jobs)}] {group} {' '.join(flags)} ({time.perf_counter() - start:.0f} s)")
-            d = measure(tmp, i, model, ranks, gbs, flags, args.cluster, steps, warmup)
-            rows.append(row_of(d, tmp, i, group, ranks, flags))
-        if not any(r["key"] == chosen for r in rows if r["group"] == CHOSEN_GROUP):
+        for i, group, model, ranks, gbs, flags in jobs:
+            plan_one(tmp, i, model, ranks, gbs, flags, args.cluster)
+        if not any(plan_key(tmp / f"plan{i}.yaml") == chosen for i, group, *_ in jobs if group == CHOSEN_GROUP):
             # the planner's choice is not among the pinned plans: it is measured as one more test plan
-            i = len(PLANS)
-            say(f"fidelity: [+1] the planner's choice ({time.perf_counter() - start:.0f} s)")
-            d = measure(tmp, i, "gpt-tiny", 4, 16, [], args.cluster, *((8, 3) if args.quick else (14, 4)))
-            rows.append(row_of(d, tmp, i, CHOSEN_GROUP, 4, ["(the planner's choice, nothing pinned)"]))
+            extra = (len(PLANS), CHOSEN_GROUP, "gpt-tiny", 4, 16, ["(the planner's choice, nothing pinned)"])
+            plan_one(tmp, extra[0], "gpt-tiny", 4, 16, [], args.cluster)
+            jobs.append(extra)
+        runs: dict[int, list[dict]] = {i: [] for i, *_ in jobs}
+        for round_ in range(args.repeats):
+            # round after round rather than plan after plan: the host's drift then lands on every plan alike
+            for n, (i, group, model, ranks, gbs, flags) in enumerate(jobs):
+                big = "100m" in group
+                steps, warmup = ((4, 2) if big else (8, 3)) if args.quick else ((6, 2) if big else (14, 4))
+                say(f"fidelity: round {round_ + 1}/{args.repeats} [{n + 1}/{len(jobs)}] {group} {' '.join(flags)} "
+                    f"({time.perf_counter() - start:.0f} s)")
+                runs[i].append(run_one(tmp, i, round_, steps, warmup))
+        rows = [row_of(runs[i], tmp, i, group, ranks, flags) for i, group, model, ranks, gbs, flags in jobs]
         seconds = time.perf_counter() - start
         refined = _refined(args.cluster, rows) if args.refine else None
     for r in rows:
@@ -204,7 +235,7 @@ def main() -> int:
                     "host_speed_range": [min(r["host_speed"]["host"] for r in rows),
                                          max(r["host_speed"]["host"] for r in rows)]}
     result = {
-        "cluster": args.cluster, "plans": rows, "fit_plans": [], "test_plans": len(rows),
+        "cluster": args.cluster, "repeats": args.repeats, "plans": rows, "fit_plans": [], "test_plans": len(rows),
         "spearman": spearman([r["predicted_step_s"] for r in rows], [r["measured_step_s"] for r in rows]),
         "median_abs_error": statistics.median(errors), "max_abs_error": max(errors),
         "chosen_layout": chosen, "chosen_step_s": chosen_step, "best_step_s": best,
@@ -218,13 +249,15 @@ def main() -> int:
         print(json.dumps(result))
         return 0
     print(f"fidelity on {args.cluster}: fit = kernel/op microbenchmarks only (autoplan calibrate); "
-          f"test = all {len(rows)} plans below")
+          f"test = all {len(rows)} plans below; meas s = the median of {args.repeats} launches in rounds, "
+          f"spread = (slowest - fastest launch) / median")
     print(f"{'model':<11}{'ranks':>5}  {'layout, recomputation':<62}{'pred s':>9}{'meas s':>9}{'error':>8}"
-          f"{'speed k/h':>11}{'at speed':>10}  memory GiB pred/meas (worst rank)")
+          f"{'spread':>8}{'speed k/h':>11}{'at speed':>10}  memory GiB pred/meas (worst rank)")
     for r in rows:
         worst = max(range(len(r["memory_errors"])), key=lambda k: abs(r["memory_errors"][k] or 0))
         print(f"{r['model']:<11}{r['ranks']:>5}  {r['key'][:61]:<62}{r['predicted_step_s']:9.4f}"
               f"{r['measured_step_s']:9.4f}{100 * r['step_error']:+7.1f}%"
+              f"{100 * (max(r['measured_rounds_s']) - min(r['measured_rounds_s'])) / r['measured_step_s']:7.0f}%"
               + (f"{r['host_speed']['kernel']:6.2f}/{r['host_speed']['host']:.2f}"
                  f"{100 * r['adjusted_step_error']:+9.1f}%  " if r["host_speed"] else f"{'-':>11}{'-':>10}  ") +
               f"{r['predicted_memory_gib'][worst]:.3f}/{r['measured_memory_gib'][worst]:.3f} "
