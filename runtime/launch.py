@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=1, help="print a line every K steps (0: summary only)")
     p.add_argument("--trace", metavar="DIR", help="profile a few steps after warm-up on every rank into DIR "
                    "(torch traces, per-rank and merged step traces; runtime/train/profiling.py)")
+    p.add_argument("--timeline", metavar="FILE", help="every step's phases per rank, wall and CPU time, as a "
+                   "Chrome/Perfetto trace written by rank 0 (runtime/train/phase_clock.py)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds a collective or pipeline action may wait before the job ends (default 300)")
     return p
@@ -97,7 +99,7 @@ def _main(args: argparse.Namespace) -> int:
     pm = mesh_of_plan(plan, device)
     trainer = Trainer(plan, pm, data)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,
-                            args.log_every, args.trace))
+                            args.log_every, args.trace, args.timeline))
     # barrier before teardown: exits are flaky otherwise (runtime-notes §7). Not in a `finally`: a rank
     # that failed must exit (torchrun then stops the others) rather than wait here for ranks that cannot come.
     dist.barrier()

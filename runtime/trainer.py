@@ -23,6 +23,7 @@ from runtime.train.integrity import resume_point
 from runtime.train.metrics_resume import trim_after
 from runtime.train.metrics import MetricsLog
 from runtime.train.optim import clip_grad_norm, lr_at, set_lr
+from runtime.train.phase_clock import PhaseClock
 from runtime.train.profiling import StepTracer, instrument, region
 from runtime.train.speed_probe import probe_between_steps
 from runtime.train.trace_phases import BACKWARD, FORWARD
@@ -45,6 +46,11 @@ class Trainer:
         self.meter = MemoryMeter(pm.device)
         self.parts: Parts = build_parts(plan, pm, self.meter)
         self.amp = autocast_dtype(pm.device, plan.training.precision)
+        self.clock: PhaseClock | None = None
+        """Set by ``run`` for ``--timeline``: times the phases of every step (runtime/train/phase_clock.py)."""
+
+    def _phase(self, name: str):
+        return self.clock.phase(name) if self.clock is not None else contextlib.nullcontext()
 
     def _autocast(self):
         if self.amp is None:
@@ -64,11 +70,14 @@ class Trainer:
         parts.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self._pipelined(x, y) if parts.schedule is not None else self._single_stage(x, y)
-        self._sum_tied_grads()
-        norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, plan.tp * plan.cp * plan.dp,
-                              parts.clip_excluded)
+        with self._phase("tied grads"):
+            self._sum_tied_grads()
+        with self._phase("clip"):
+            norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, plan.tp * plan.cp * plan.dp,
+                                  parts.clip_excluded)
         parts.optimizer.step()
-        loss = self._global_loss(loss)
+        with self._phase("loss"):
+            loss = self._global_loss(loss)
         if pm.device.type == "cuda":
             torch.cuda.synchronize(pm.device)
         elapsed = time.perf_counter() - t0
@@ -89,9 +98,9 @@ class Trainer:
             self.parts.dropout.first_row = first_row + i * plan.micro_batch_size
             ctx = loss_parallel() if self.parts.loss_parallel else contextlib.nullcontext()
             with ctx:
-                with region(FORWARD, 0, i):
+                with region(FORWARD, 0, i), self._phase(f"forward 0 {i}"):
                     loss = cross_entropy(model(xm), ym) / n
-                with region(BACKWARD, 0, i):
+                with region(BACKWARD, 0, i), self._phase(f"backward 0 {i}"):
                     loss.backward()
             loss = loss.detach()
             total += loss.full_tensor() if isinstance(loss, DTensor) else loss
@@ -146,6 +155,8 @@ class RunOptions:
     log_every: int = 1
     trace: str | None = None
     """Folder for a profiler trace of a few steps after warm-up (runtime/train/profiling.py)."""
+    timeline: str | None = None
+    """File for every step's phases per rank, wall and CPU time (runtime/train/phase_clock.py)."""
 
 
 def run(trainer: Trainer, opts: RunOptions) -> list[float]:
@@ -167,9 +178,12 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     tracer = StepTracer(opts.trace, start, opts.steps, trainer.pm.device, plan.zero_stage) if opts.trace else None
     if tracer:
         instrument(parts)
+    if opts.timeline:
+        trainer.clock = PhaseClock()
+        trainer.clock.attach(parts)
     losses = []
     for step in range(start, opts.steps):
-        with tracer.step(step) if tracer else contextlib.nullcontext():
+        with tracer.step(step) if tracer else contextlib.nullcontext(), trainer._phase(f"step {step + 1}"):
             r = trainer.step(step)
         guard.check_step(step + 1, r.loss, r.grad_norm, saved)
         losses.append(r.loss)
@@ -187,6 +201,10 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
         tracer.finish(trainer.pm, {"model": plan.model.name, "device": trainer.pm.device.type, "tp": plan.tp,
                                    "pp": plan.pp, "dp": plan.dp, "zero_stage": plan.zero_stage,
                                    "schedule": plan.schedule})
+    if trainer.clock is not None:
+        trainer.clock.finish(opts.timeline, dist.get_rank(), {"model": plan.model.name, "tp": plan.tp, "pp": plan.pp,
+                                                              "dp": plan.dp, "schedule": plan.schedule,
+                                                              "num_microbatches": plan.num_microbatches})
     if rank0:
         print(log.summary(), flush=True)
     return losses

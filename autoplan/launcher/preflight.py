@@ -213,7 +213,8 @@ def runtime_args(args: argparse.Namespace, data: str | None) -> tuple[str, ...]:
     """runtime.launch's options (``--resume`` is added per attempt by the launcher)."""
     out = ["--steps", str(args.steps)]
     for flag, value in (("--backend", args.backend), ("--data", data), ("--metrics", args.metrics),
-                        ("--checkpoint-dir", args.checkpoint_dir), ("--trace", getattr(args, "trace", None))):
+                        ("--checkpoint-dir", args.checkpoint_dir), ("--trace", getattr(args, "trace", None)),
+                        ("--timeline", getattr(args, "timeline", None))):
         if value is not None:
             out += [flag, str(value)]
     if args.checkpoint_every:
@@ -234,6 +235,8 @@ def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
         if args.metrics == "":
             raise SpecError("--metrics: empty; give a file name")
         check_writable(args.metrics, "--metrics")
+    if getattr(args, "timeline", None) is not None:
+        check_writable(args.timeline, "--timeline")
     check_checkpoint_dir(args, plan)
     launch = shape(args, plan, str(args.plan), runtime_args(args, data))
     return plan, launch

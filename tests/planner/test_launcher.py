@@ -99,6 +99,8 @@ def test_bad_options_and_paths_are_one_line_before_any_process(plans, capsys, tm
         (["--data", tmp_path / "big_ids.bin"], "token id 65535 >= model.vocab_size"),
         (["--metrics", "/proc/m.jsonl"], "--metrics /proc/m.jsonl: cannot write"),
         (["--metrics", tmp_path], "--metrics"),
+        (["--timeline", "/proc/t.json"], "--timeline /proc/t.json: cannot write"),
+        (["--timeline", tmp_path / "no" / "t.json"], "--timeline"),
         (["--checkpoint-dir", tmp_path / "afile"], "is a file, not a folder"),
         (["--checkpoint-dir", tmp_path / "no" / "ck"], "does not exist"),
         (["--checkpoint-dir", tmp_path / "missing", "--resume"], "no complete checkpoint"),

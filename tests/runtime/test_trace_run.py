@@ -1,6 +1,7 @@
-"""A real 2-rank pipeline run under ``autoplan run --trace``, then ``autoplan compare --trace``: the measured
-trace holds every rank's forwards and backwards in the schedule's order, each traced step splits into
-terms that add up to it, and compare reads it all back without torch."""
+"""A real 2-rank pipeline run under ``autoplan run --trace --timeline``, then ``autoplan compare --trace``: the
+measured trace holds every rank's forwards and backwards in the schedule's order, each traced step splits
+into terms that add up to it, and compare reads it all back without torch; the phase timeline has every
+step's actions in the schedule's order, inside their step, with CPU time never above wall time."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def test_traced_pipeline_run_and_compare(tmp_path):
                     "8", "--seq-len", "32", "--tp", "1", "--pp", "2", "--zero-stage", "0", "--schedule", "1f1b",
                     "--micro-batch-size", "2", "-o", str(plan_path))
     assert made.returncode == 0, made.stderr
-    run = autoplan("run", str(plan_path), "--steps", str(STEPS), "--metrics", str(metrics), "--trace", str(trace_dir))
+    timeline = tmp_path / "timeline.json"
+    run = autoplan("run", str(plan_path), "--steps", str(STEPS), "--metrics", str(metrics), "--trace", str(trace_dir),
+                   "--timeline", str(timeline))
     assert run.returncode == 0, run.stderr[-3000:]
     summary = run.stdout.strip().splitlines()[-1]
     assert "predicted" in summary and "error" in summary, summary
@@ -64,6 +67,8 @@ def test_traced_pipeline_run_and_compare(tmp_path):
         expected = [(a.stage, a.kind, a.microbatch) for a in orders[rank]] * len(steps)
         assert executed == expected
 
+    check_timeline(json.loads(timeline.read_text()), orders, [r["step_time_s"] for r in rows])
+
     cmp = autoplan("compare", str(plan_path), str(metrics), "--trace", str(trace_dir), "--json", timeout_s=60)
     assert cmp.returncode == 0, cmp.stderr
     data = json.loads(cmp.stdout)
@@ -74,3 +79,26 @@ def test_traced_pipeline_run_and_compare(tmp_path):
     assert data["breakdown_rank"] == data["critical_pp_rank"] * plan.tp * plan.dp  # its dp 0, tp 0 replica
     text = autoplan("compare", str(plan_path), str(metrics), "--trace", str(trace_dir), timeout_s=60)
     assert text.returncode == 0 and "verdict:" in text.stdout and "time split" in text.stdout
+
+
+def check_timeline(trace: dict, orders, step_times: list[float]) -> None:
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in events} == set(orders)
+    for rank in orders:
+        mine = sorted((e for e in events if e["pid"] == rank), key=lambda e: e["ts"])
+        steps = [e for e in mine if e["name"].startswith("step ")]
+        assert [e["name"] for e in steps] == [f"step {i}" for i in range(1, STEPS + 1)]
+        for step in steps:
+            inside = [e for e in mine if e is not step and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+            assert all(e["ts"] + e["dur"] <= step["ts"] + step["dur"] + 1 for e in inside)  # 1 us of rounding
+            actions = [e["name"].split()[:1] + [int(w) for w in e["name"].split()[1:]] for e in inside
+                       if e["name"].split()[0] in ("forward", "backward")]
+            expected = [["forward" if a.kind == "F" else "backward", a.stage, a.microbatch] for a in orders[rank]]
+            assert actions == expected
+            assert {"pipeline", "clip", "optimizer", "loss"} <= {e["name"] for e in inside}
+        for e in mine:  # the training thread cannot use more CPU than the time that passed
+            assert e["args"]["cpu_ms"] <= e["dur"] / 1e3 * 1.01 + 0.05
+    # rank 0's timed step (metrics) lies inside its "step N" phase, which also holds the peak-memory gather
+    rank0 = sorted((e for e in events if e["pid"] == 0 and e["name"].startswith("step ")), key=lambda e: e["ts"])
+    for e, measured in zip(rank0, step_times):
+        assert measured * 1e6 <= e["dur"] + 1
