@@ -1,6 +1,15 @@
 """The cost model's verdict on one fully specified layout: simulate the schedule, add the end of step,
 and sum memory per rank. Every search result is re-evaluated here, so what the planner reports is what
-this module computes."""
+this module computes.
+
+The end of the step has a sync point: the gradient norm's all-reduce over every rank (runtime/train/
+optim.py's clip_grad_norm, as Megatron's clip_grad_norm) waits for the slowest rank's gradient reduction,
+and the optimizer step and the loss's all-reduces come after it on every rank. So the step is
+max over ranks (pipeline end + exposed reduction + tied exchange) + max over ranks (after-sync work),
+not the largest single rank's sum: a last stage that finishes its pipeline early still starts its
+(heavier, it holds the head) optimizer step only when the first stage has reduced its gradients.
+Measured on gpt-tiny pp2 dp2 gpipe with one micro-batch (``autoplan run --timeline``): the last stage's
+clip waits 7-14 ms for the first stage, and its optimizer then ends the step."""
 
 from __future__ import annotations
 
@@ -9,7 +18,7 @@ from dataclasses import dataclass
 from autoplan.cost.simulate import Timeline, critical_path, inflight_peaks, simulate
 from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
 from autoplan.cost.stage_terms import (
-    Var, rank_fixed_dynamic, rank_gather_and_step, rank_states, rank_sync, stage_activations, stage_bwd,
+    Var, rank_after_sync, rank_before_sync, rank_fixed_dynamic, rank_states, rank_sync, stage_activations, stage_bwd,
     stage_fwd,
 )
 
@@ -46,6 +55,9 @@ class Evaluation:
     rank_end_ns: dict[int, int]
     rank_sync_exposed_ns: dict[int, int]
     rank_tail_ns: dict[int, int]
+    """Each rank's own work after its last backward (exposed reduction, tied exchange, after-sync work)."""
+    sync_ns: int
+    """When the step's first all-rank collective completes: the after-sync work starts here on every rank."""
     memory: dict[int, RankMemory]
     fits: bool
 
@@ -91,17 +103,20 @@ def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:
     bwd = [stage_bwd(t, s).value(values) for s in range(t.num_stages)]
     timeline = simulate(t.orders, [float(x) for x in fwd], [float(x) for x in bwd], [float(x) for x in t.p2p_ns])
     peaks = inflight_peaks(t.orders)
-    ends, exposed, tails, memory = {}, {}, {}, {}
+    ends, exposed, tails, before, after, memory = {}, {}, {}, {}, {}, {}
     for rank in t.orders:
         ends[rank] = int(timeline.rank_end[rank])
         window = bwd[t.last_backward_stage(rank)] if t.overlap_grad_reduce else 0
         exposed[rank] = max(0, rank_sync(t, rank).value(values) - window)
-        tails[rank] = exposed[rank] + rank_gather_and_step(t, rank).value(values)
+        before[rank] = exposed[rank] + rank_before_sync(t, rank).value(values)
+        after[rank] = rank_after_sync(t, rank).value(values)
+        tails[rank] = before[rank] + after[rank]
         memory[rank] = rank_memory(t, shapes, rank, peaks[rank])
+    sync = max(ends[r] + before[r] for r in t.orders)
     critical = max(t.orders, key=lambda r: ends[r] + tails[r])
     return Evaluation(
-        step_ns=ends[critical] + tails[critical], critical_rank=critical, timeline=timeline, rank_end_ns=ends,
-        rank_sync_exposed_ns=exposed, rank_tail_ns=tails, memory=memory,
+        step_ns=sync + max(after.values()), critical_rank=critical, timeline=timeline, rank_end_ns=ends,
+        rank_sync_exposed_ns=exposed, rank_tail_ns=tails, sync_ns=sync, memory=memory,
         fits=all(fits_in(t, m) for m in memory.values()),
     )
 

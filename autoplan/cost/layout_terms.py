@@ -35,8 +35,11 @@ class RankTerms:
     """Layout-independent working memory (ZeRO-3 buffers, logits)."""
     sync_const: int
     sync_per_layer: int
+    before_const: int
+    """The tied embedding's gradient exchange, before the step's sync point (cost/evaluate.py)."""
     after_const: int
-    """ZeRO-1/2 all-gather and optimizer step: constant part and per layer (never hidden)."""
+    """After the sync point: ZeRO-1/2 all-gather, optimizer step, small collectives; constant part and per
+    layer (never hidden)."""
     after_per_layer: int
     window_stage: int | None
     """Stage whose last backward the DP reduction overlaps (None: no overlap)."""
@@ -81,9 +84,9 @@ class LayoutTerms:
                 sync_const=((t.sync_embedding_ns if first else 0) + (t.sync_head_ns if has_last else 0)
                             + t.sync_latency_ns) if dp > 1 else 0,
                 sync_per_layer=t.sync_block_ns if dp > 1 else 0,
+                before_const=t.tied_sync_ns if first or has_last else 0,
                 after_const=(t.gather_embedding_ns + t.optim_embedding_ns if first else 0)
-                + (t.gather_head_ns + t.optim_head_ns if has_last else 0) + gather_latency + t.step_sync_ns
-                + (t.tied_sync_ns if first or has_last else 0),
+                + (t.gather_head_ns + t.optim_head_ns if has_last else 0) + gather_latency + t.step_sync_ns,
                 after_per_layer=t.gather_block_ns + t.optim_block_ns,
                 window_stage=last_stage if t.overlap_grad_reduce else None,
                 first_stage=first_stage, last_stage=last_stage,
@@ -116,23 +119,26 @@ class LayoutTerms:
                for k, a, b, c in zip(n, sel, full, self.bwd_const)]
         return fwd, bwd
 
-    def tail_ns(self, rank: RankTerms, layers: int, bwd: Sequence[int]) -> int:
-        """End-of-step work after the rank's last backward: exposed DP reduction, ZeRO-1/2 gather, step."""
+    def before_sync_ns(self, rank: RankTerms, layers: int, bwd: Sequence[int]) -> int:
+        """Work after the rank's last backward up to the step's sync point: exposed DP reduction, tied grads."""
         sync = rank.sync_const + rank.sync_per_layer * layers
         window = bwd[rank.window_stage] if rank.window_stage is not None else 0
-        return max(0, sync - window) + rank.after_const + rank.after_per_layer * layers
+        return max(0, sync - window) + rank.before_const
 
     def step_ns(self, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> tuple[int, int]:
-        """(step time, critical rank) of the layout: the schedule simulated, plus each rank's tail."""
+        """(step time, critical rank) of the layout: the schedule simulated, each rank's work up to the sync
+        point, then the largest after-sync work (the same integers as evaluate.evaluate)."""
         fwd, bwd = self.stage_times(n, sel, full)
         ends = rank_ends(compiled(self.table.orders, self.num_stages), fwd, bwd, self.p2p)
-        best, critical = -1, 0
+        best, critical, sync, after_max = -1, 0, 0, 0
         for rank in self.ranks:
             layers = sum(n[s] for s in rank.stages)
-            total = ends[rank.rank] + self.tail_ns(rank, layers, bwd)
-            if total > best:
-                best, critical = total, rank.rank
-        return best, critical
+            before = ends[rank.rank] + self.before_sync_ns(rank, layers, bwd)
+            after = rank.after_const + rank.after_per_layer * layers
+            sync, after_max = max(sync, before), max(after_max, after)
+            if before + after > best:
+                best, critical = before + after, rank.rank
+        return sync + after_max, critical
 
 
 _SHAPES: dict[int, tuple[RankOrders, list]] = {}

@@ -99,13 +99,20 @@ def rank_sync(t: StageTable, rank: int) -> Linear:
 
 
 @_per_table
-def rank_gather_and_step(t: StageTable, rank: int) -> Linear:
-    """ZeRO-1/2 all-gather of updated weights plus the optimizer step (ns): after the reduction, never hidden;
-    and the runtime's per-step small collectives (where the cluster prices them)."""
+def rank_before_sync(t: StageTable, rank: int) -> Linear:
+    """Work between the rank's exposed gradient reduction and the step's first all-rank collective (ns): the
+    tied embedding's gradient exchange between the first and the last pipeline rank."""
+    stages = t.stages_of(rank)
+    return Linear({}, t.tied_sync_ns if (0 in stages or t.num_stages - 1 in stages) else 0)
+
+
+@_per_table
+def rank_after_sync(t: StageTable, rank: int) -> Linear:
+    """ZeRO-1/2 all-gather of updated weights, the optimizer step and the runtime's per-step small
+    collectives (ns, where the cluster prices them): after the gradient norm's all-reduce over every rank,
+    so they start together on all ranks (cost/evaluate.py's sync point), never hidden."""
     gather = _per_rank(t, rank, t.gather_block_ns, t.gather_embedding_ns, t.gather_head_ns)
     if t.config.dp_cp > 1 and t.config.zero_stage in (1, 2):
         gather = Linear(gather.coefs, gather.const + t.gather_latency_ns)
-    stages = t.stages_of(rank)
-    tied = t.tied_sync_ns if (0 in stages or t.num_stages - 1 in stages) else 0
-    gather = Linear(gather.coefs, gather.const + t.step_sync_ns + tied)
+    gather = Linear(gather.coefs, gather.const + t.step_sync_ns)
     return gather + _per_rank(t, rank, t.optim_block_ns, t.optim_embedding_ns, t.optim_head_ns)

@@ -68,14 +68,10 @@ def simulated_trace(sim: SimulatedStep) -> dict[str, Any]:
                                     {"from_stage": dep.stage, "to_stage": a.stage, "microbatch": a.microbatch,
                                      "carries": "activation" if a.kind == "F" else "gradient"}))
     for rank in range(pp):
-        end = ev.rank_end_ns[rank] / _NS_PER_US
-        dp_ns, optimizer_ns = sim.tail_ns(rank)
-        for term, dur_ns in (("dp_comm", dp_ns), ("optimizer", optimizer_ns)):
-            if dur_ns > 0:
-                events.append(slice_event(SLICE_NAMES[term], rank, SCHEDULE_THREAD, end, end + dur_ns / _NS_PER_US,
-                                          term))
-                busy[rank].append((end, end + dur_ns / _NS_PER_US))
-                end += dur_ns / _NS_PER_US
+        for term, start_ns, end_ns in sim.tail_slices_ns(rank):
+            start, end = start_ns / _NS_PER_US, end_ns / _NS_PER_US
+            events.append(slice_event(SLICE_NAMES[term], rank, SCHEDULE_THREAD, start, end, term))
+            busy[rank].append((start, end))
         events += _bubbles(rank, sorted(busy[rank]), step_us)
         lanes = lane_of([(s, e) for s, e, _ in transfers[rank]])
         for (start, stop, args), lane in zip(transfers[rank], lanes):

@@ -82,12 +82,10 @@ def _draw_gantt(ax, sim: SimulatedStep, Patch) -> None:
             label = f"{a.stage}:{a.microbatch}" if several else str(a.microbatch)
             ax.text(start + width / 2, row, label, ha="center", va="center", fontsize=7, color="white")
     for rank in range(pp):
-        t = sim.evaluation.rank_end_ns[rank] * 1e-9 * scale
-        for kind, ns in zip(("dp reduction", "optimizer"), sim.tail_ns(rank)):
-            if ns > 0:
-                ax.barh(rank, ns * 1e-9 * scale, left=t, height=0.8, color=COLOURS[kind], edgecolor="white",
-                        linewidth=0.5)
-                t += ns * 1e-9 * scale
+        for term, start_ns, end_ns in sim.tail_slices_ns(rank):
+            kind = "dp reduction" if term == "dp_comm" else term
+            ax.barh(rank, (end_ns - start_ns) * 1e-9 * scale, left=start_ns * 1e-9 * scale, height=0.8,
+                    color=COLOURS[kind], edgecolor="white", linewidth=0.5)
     ax.set_facecolor(IDLE)
     ax.set_yticks(range(pp), [f"rank {r}" for r in range(pp)])
     ax.set_ylim(pp - 0.5, -0.5)

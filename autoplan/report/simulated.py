@@ -46,6 +46,21 @@ class SimulatedStep:
         optimizer = self.time_per_rank[rank].optimizer_s * 1e9
         return self.evaluation.rank_tail_ns[rank] - optimizer, optimizer
 
+    def tail_slices_ns(self, rank: int) -> list[tuple[str, float, float]]:
+        """("dp_comm" | "optimizer", start, end) after ``rank``'s last backward, for the pictures: the
+        optimizer starts no earlier than the step's sync point (the gradient norm's all-rank all-reduce),
+        so a rank that finished early waits there."""
+        dp_ns, optimizer_ns = self.tail_ns(rank)
+        t = float(self.evaluation.rank_end_ns[rank])
+        slices = []
+        if dp_ns > 0:
+            slices.append(("dp_comm", t, t + dp_ns))
+            t += dp_ns
+        t = max(t, float(self.evaluation.sync_ns))
+        if optimizer_ns > 0:
+            slices.append(("optimizer", t, t + optimizer_ns))
+        return slices
+
 
 def simulate_plan(plan: Plan, workload_fn: WorkloadFn) -> SimulatedStep:
     """The cost model's verdict on the plan's layout (estimate_layout's steps, keeping the pieces)."""

@@ -181,4 +181,4 @@ def _tail(rank: RankTerms, layers: int, windows: Sequence[int], extra: int) -> i
     """A rank's end-of-step work with the overlap window ``windows[its window stage] + extra``."""
     sync = rank.sync_const + rank.sync_per_layer * layers
     hidden = windows[rank.window_stage] + extra if rank.window_stage is not None else 0
-    return max(0, sync - hidden) + rank.after_const + rank.after_per_layer * layers
+    return max(0, sync - hidden) + rank.before_const + rank.after_const + rank.after_per_layer * layers
