@@ -1,7 +1,7 @@
 """The end of a step waits at one all-rank collective, the gradient norm's all-reduce: every rank's
 optimizer step starts after the slowest rank's gradient reduction. Worked on gpt-tiny pp2 dp2 GPipe with
-one micro-batch per replica (the plan whose measured timeline showed it: the last stage holds the head, so
-its optimizer is the longer one, but its pipeline ends first)."""
+one micro-batch per replica, where the last stage ends its pipeline first but has the longer after-sync
+work (it holds the head)."""
 
 from autoplan.cli.common import workload_fn
 from autoplan.cli.main import main
