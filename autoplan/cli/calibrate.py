@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  host per op: fwd {device.host_op_us:.2f} us (view {device.host_view_op_us:.2f}), bwd "
           f"{device.host_backward_op_us:.2f} us (view {device.host_backward_view_op_us:.2f}); TP module "
           f"{device.tp_module_fwd_us:.1f}/{device.tp_module_bwd_us:.1f} us; FSDP2 unit {device.fsdp_unit_fwd_us:.1f}/"
-          f"{device.fsdp_unit_bwd_us:.1f} us; pipeline action {device.pipeline_action_us:.1f} us")
+          f"{device.fsdp_unit_bwd_us:.1f} us (hooks alone {device.fsdp_hooks_fwd_us:.1f}/{device.fsdp_hooks_bwd_us:.1f}); "
+          f"pipeline action {device.pipeline_action_us:.1f} us")
     print(f"  optimizer: {device.optimizer_tensor_us:.1f} us per tensor ({device.optimizer_dtensor_us:.1f} DTensor), "
           f"{device.optimizer_ns_per_param:.2f} ns per parameter; process baseline {device.memory_baseline_gib:.3f} GiB")
     probes = "; ".join(f"{p['gemm_us']:.0f}/{p['op_us']:.2f}" for p in raw.get("speed_probes", ()))

@@ -27,7 +27,8 @@ _KERNEL_RATES = ("memory_bandwidth_gb_per_s", "peak_bf16_tflops", "peak_fp16_tfl
 _KERNEL_TIMES = ("kernel_overhead_us", "optimizer_ns_per_param")
 _HOST_TIMES = ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_backward_view_op_us",
                "tp_module_fwd_us", "tp_module_bwd_us", "fsdp_unit_fwd_us", "fsdp_unit_bwd_us",
-               "pipeline_action_us", "optimizer_tensor_us", "optimizer_dtensor_us")
+               "fsdp_hooks_fwd_us", "fsdp_hooks_bwd_us", "pipeline_action_us", "optimizer_tensor_us",
+               "optimizer_dtensor_us")
 
 
 def at_host_speed(cluster: Cluster, speed: HostSpeed) -> Cluster:

@@ -78,10 +78,11 @@ class Cluster:
     cores_per_node: int = 0
     """CPU cores the ranks of one node share (a CPU host); 0: every device computes on its own (GPUs)."""
     corun_kernel_slowdown: tuple[float, ...] = ()
-    """Entry R-1: how much slower a rank's kernel-bound work (GEMMs) runs while R ranks compute at once on
-    the node, measured by R concurrent one-thread processes timing fp32 GEMMs (``autoplan calibrate``,
-    profiler/hardware/corun.py): time-slicing above ``cores_per_node``, and below it what co-running ranks
-    still share (SMT siblings, caches, memory bandwidth). Empty: max(1, R / cores_per_node)."""
+    """Entry R-1: how much slower a rank's kernel-bound work runs while R ranks compute at once on the
+    node, measured by R concurrent one-thread processes timing a small model's forward and backward (with
+    a rank's working set; ``autoplan calibrate``, profiler/hardware/corun.py): time-slicing above
+    ``cores_per_node``, and below it what co-running ranks still share (SMT siblings, caches, memory
+    bandwidth). Empty: max(1, R / cores_per_node)."""
     corun_host_slowdown: tuple[float, ...] = ()
     """The same for host-bound work (chains of tiny eager ops: dispatch, autograd, allocation)."""
     collective_wait_factor: float = 1.0

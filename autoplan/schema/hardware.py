@@ -100,7 +100,8 @@ class FieldSource:
 
 HOST_FIELDS = ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_backward_view_op_us",
                "tp_module_fwd_us", "tp_module_bwd_us", "fsdp_unit_fwd_us", "fsdp_unit_bwd_us",
-               "pipeline_action_us", "optimizer_tensor_us", "optimizer_dtensor_us")
+               "fsdp_hooks_fwd_us", "fsdp_hooks_bwd_us", "pipeline_action_us", "optimizer_tensor_us",
+               "optimizer_dtensor_us")
 """The host-time fields (microseconds), 0 on GPUs."""
 
 
@@ -160,6 +161,12 @@ class DeviceProfile:
     bookkeeping), beyond the collective itself."""
     fsdp_unit_bwd_us: float = 0.0
     """FSDP2 host work per unit per backward (hooks, reduce-scatter copies, resharding)."""
+    fsdp_hooks_fwd_us: float = 0.0
+    """The part of ``fsdp_unit_fwd_us`` a forward pays without gathering (ZeRO-1/2 keep the parameters
+    unsharded between a step's first forward and its last backward): the hooks alone."""
+    fsdp_hooks_bwd_us: float = 0.0
+    """The part of ``fsdp_unit_bwd_us`` a backward pays without reducing (ZeRO-1's micro-batches before the
+    last one): the hooks alone."""
     pipeline_action_us: float = 0.0
     """Host work of torch's pipeline schedule runtime per forward or backward action (bookkeeping, posting
     its sends and receives, the stage's autograd call), beyond compute and transfers."""

@@ -99,7 +99,8 @@ def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[Devi
         host_adam_gparams_per_s=round(raw["host_adam_gparams_per_s"], 4),
         **{k: f[k] for k in ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_backward_view_op_us",
                              "tp_module_fwd_us", "tp_module_bwd_us", "fsdp_unit_fwd_us", "fsdp_unit_bwd_us",
-                             "pipeline_action_us", "optimizer_tensor_us", "optimizer_dtensor_us",
+                             "fsdp_hooks_fwd_us", "fsdp_hooks_bwd_us", "pipeline_action_us", "optimizer_tensor_us",
+                             "optimizer_dtensor_us",
                              "optimizer_ns_per_param", "memory_baseline_gib") if k in f},
         source=(f"autoplan calibrate --nproc {nproc} on {raw['machine']} ({cores} cores), torch {raw['torch']}: "
                 "one rank's thread; kernel and op microbenchmarks only (autoplan/profiler/hardware/calibrate.py); "
@@ -119,9 +120,10 @@ def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[Devi
         link = Link(bandwidth_gb_per_s=device.memory_bandwidth_gb_per_s, latency_us=0.0)
     corun = raw.get("corun", {})
     slowdown = {k: tuple(round(t / v[0], 4) for t in v) for k, v in corun.items() if v}
+    kernel_slowdown = slowdown.get("layer", slowdown.get("gemm", ()))  # "gemm": raw files from before "layer"
     cluster = Cluster(name=cluster_name, device=device, devices_per_node=nproc, num_nodes=1, intra_node=link,
                       inter_node=link, backend="gloo", cores_per_node=cores, collectives=fits, residuals=residuals,
-                      corun_kernel_slowdown=slowdown.get("gemm", ()), corun_host_slowdown=slowdown.get("ops", ()),
+                      corun_kernel_slowdown=kernel_slowdown, corun_host_slowdown=slowdown.get("ops", ()),
                       source=f"autoplan calibrate --nproc {nproc}: gloo over loopback, {cores} cores shared by "
                              "the ranks; inter_node not measured (one machine), set equal to intra_node")
     cluster.validate()

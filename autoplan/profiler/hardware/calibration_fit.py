@@ -112,11 +112,18 @@ def fit_optimizer(points: list[dict]) -> tuple[dict, list[Residual]]:
 
 def fit_fsdp(fsdp: dict) -> dict:
     """Host work per FSDP2 unit: (sharded - plain) / units less the unit's own collectives (ZeRO-3: one
-    all-gather in forward; one all-gather and one reduce-scatter in backward)."""
+    all-gather in forward; one all-gather and one reduce-scatter in backward); and the hooks alone, of a
+    micro-batch that neither gathers nor reduces (raw points from before that measurement: not split)."""
     n = fsdp["units"]
     fwd = (fsdp["fsdp_fwd_s"] - fsdp["plain_fwd_s"]) / n - fsdp["all_gather_s"]
     bwd = (fsdp["fsdp_bwd_s"] - fsdp["plain_bwd_s"]) / n - fsdp["all_gather_s"] - fsdp["reduce_scatter_s"]
-    return {"fsdp_unit_fwd_us": max(0.0, fwd) * US, "fsdp_unit_bwd_us": max(0.0, bwd) * US}
+    fields = {"fsdp_unit_fwd_us": max(0.0, fwd) * US, "fsdp_unit_bwd_us": max(0.0, bwd) * US}
+    if "hooks_fwd_s" in fsdp:
+        hooks_fwd = max(0.0, (fsdp["hooks_fwd_s"] - fsdp["plain_fwd_s"]) / n)
+        hooks_bwd = max(0.0, (fsdp["hooks_bwd_s"] - fsdp["plain_bwd_s"]) / n)
+        fields["fsdp_hooks_fwd_us"] = min(hooks_fwd * US, fields["fsdp_unit_fwd_us"])
+        fields["fsdp_hooks_bwd_us"] = min(hooks_bwd * US, fields["fsdp_unit_bwd_us"])
+    return fields
 
 
 def fit_pipeline(pipe: dict) -> dict:

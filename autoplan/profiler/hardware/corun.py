@@ -1,8 +1,9 @@
 """How much slower one rank computes while R ranks compute at once on this node (``autoplan calibrate``).
 
 R processes (one intra-op thread each, as the ranks of ``autoplan run`` on a CPU) run the same loop in the
-same wall-clock windows and time it: ``gemm`` (fp32 256x256 GEMMs: the kernel-bound work of a layer) or
-``ops`` (chains of tiny eager ops: the host-bound work), alternating, ``ROUNDS`` windows of each; between
+same wall-clock windows and time it: ``layer`` (the forward and backward of the runtime's gpt-tiny, one
+micro-batch of 4 x 64 tokens: the kernel-bound work of a rank, with a rank's working set) or ``ops``
+(chains of tiny eager ops: the host-bound work), alternating, ``ROUNDS`` windows of each; between
 them, in solo windows, process 0 runs the same loop alone while the others sleep. The slow-down at R is
 the median per-call time over the processes, the least over the rounds (a window that another program's
 work disturbed reads slower, never faster), divided by process 0's least solo time *of the same session*.
@@ -11,6 +12,12 @@ Why solo windows in every session: a shared host drifts by tens of percent withi
 calibration read 2.44x at 4 ranks on 2 cores, another 1.93x). Above the core count it is time-slicing
 (about R / cores, plus the cost of switching); below it, what co-running ranks still share (SMT
 siblings of one physical core, caches, memory bandwidth).
+
+Why a whole model rather than one GEMM shape: a time slice of another rank evicts this rank's caches, and
+what that costs depends on the working set. On the 2-core test host, in one session, 256x256 GEMMs on the
+same operands (768 KiB, cache-resident) read 1.44x at 3 ranks and 2.02x at 4, the gpt-tiny forward and
+backward (its activations and weights: several MiB) 1.50x and 2.16x, and the tiny-op chains 1.43x and
+2.10x. The kernel slow-down is the layer's: the work the ranks run, not a cache-resident kernel.
 
 Run as ``python -m autoplan.profiler.hardware.corun START_EPOCH_S WINDOW_S INDEX``: prints one JSON line.
 """
@@ -24,7 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-KINDS = ("gemm", "ops")
+KINDS = ("layer", "ops")
+LAYER_MODEL = "gpt-tiny"
+LAYER_BATCH = 4
 ROUNDS = 5
 SLOT_S = 0.6
 """Window spacing: each window of ``window_s`` < SLOT_S starts at start + k * SLOT_S in every process."""
@@ -35,17 +44,24 @@ def _loop(kind: str):
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
-    x, a, b = torch.randn(2, 32), torch.randn(256, 256), torch.randn(256, 256)
+    if kind == "layer":
+        from autoplan.schema import load_model
+        from runtime.models import build_model
 
-    def gemm() -> None:
-        for _ in range(50):
-            a @ b
+        spec = load_model(LAYER_MODEL)
+        model = build_model(spec)
+        tokens = torch.randint(0, spec.vocab_size, (LAYER_BATCH, spec.seq_len))
+
+        def layer() -> None:
+            model(tokens).float().square().mean().backward()
+        return layer
+    x = torch.randn(2, 32)
 
     def ops() -> None:
         y = x
         for _ in range(500):
             y = F.gelu(y * 1.001 + 0.5)
-    return gemm if kind == "gemm" else ops
+    return ops
 
 
 def _main(start_s: float, window_s: float, index: int) -> None:
@@ -79,7 +95,7 @@ def measure_corun(max_ranks: int, window_s: float = 0.4, say=lambda _m: None) ->
     out: dict[str, list[float]] = {k: [] for k in KINDS}
     first_solo: dict[str, float] = {}
     for r in range(1, max_ranks + 1):
-        say(f"co-running ranks: {r} at once, GEMMs and eager ops")
+        say(f"co-running ranks: {r} at once, a model's forward and backward and eager ops")
         start = time.time() + 5.0  # after every process has imported torch
         procs = [subprocess.Popen([sys.executable, "-m", "autoplan.profiler.hardware.corun", str(start), str(window_s),
                                    str(i)], stdout=subprocess.PIPE, text=True, env=env) for i in range(r)]

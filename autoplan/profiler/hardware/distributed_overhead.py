@@ -262,6 +262,16 @@ def _fsdp(rank: int) -> tuple[dict, dict]:
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
     fully_shard(sharded, mesh=mesh, reshard_after_forward=True)
     fsdp = _fwd_bwd(sharded, x)
+    # the runtime's ZeRO-1/2 micro-batches between a step's gathers and reductions: parameters kept
+    # unsharded (reshard_after_forward and after backward off) and no gradient sync, so after the warm-up
+    # step no collective runs and what remains over the plain layers is the hooks' own work
+    kept = _layers()
+    for layer in kept:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+    fully_shard(kept, mesh=mesh, reshard_after_forward=False)
+    kept.set_requires_gradient_sync(False)
+    kept.set_reshard_after_backward(False)
+    hooks = _fwd_bwd(kept, x)
     unit_bytes = (UNIT_FEATURES * UNIT_FEATURES + UNIT_FEATURES) * 4
     full, shard = _buffers(2, unit_bytes)
     all_gather, reduce_scatter = tensor_collectives()
@@ -273,7 +283,8 @@ def _fsdp(rank: int) -> tuple[dict, dict]:
     grads = torch.ones(UNITS * unit_bytes // 4)
     reduce = _synced_median(lambda: dist.all_reduce(grads))
     return ({"units": UNITS, "unit_bytes": unit_bytes, "plain_fwd_s": plain[0], "plain_bwd_s": plain[1],
-             "fsdp_fwd_s": fsdp[0], "fsdp_bwd_s": fsdp[1], "all_gather_s": gather, "reduce_scatter_s": scatter},
+             "fsdp_fwd_s": fsdp[0], "fsdp_bwd_s": fsdp[1], "all_gather_s": gather, "reduce_scatter_s": scatter,
+             "hooks_fwd_s": hooks[0], "hooks_bwd_s": hooks[1]},
             {"plain_fwd_s": plain[0], "plain_bwd_s": plain[1], "replicate_fwd_s": rep[0],
              "replicate_bwd_s": rep[1], "all_reduce_s": reduce})
 

@@ -31,7 +31,8 @@ _HOST_TIMES = ("host_op_us", "host_view_op_us", "host_backward_op_us", "host_bac
                "tp_module_fwd_us", "tp_module_bwd_us", "optimizer_tensor_us", "optimizer_dtensor_us")
 _HOST_STAGE_KERNEL_TIMES = ("optimizer_ns_per_param",)
 """Measured in the host stage, but kernel work (AdamW's passes over the parameters): that stage's GEMM speed."""
-_DISTRIBUTED_TIMES = ("fsdp_unit_fwd_us", "fsdp_unit_bwd_us", "pipeline_action_us")
+_DISTRIBUTED_TIMES = ("fsdp_unit_fwd_us", "fsdp_unit_bwd_us", "fsdp_hooks_fwd_us", "fsdp_hooks_bwd_us",
+                      "pipeline_action_us")
 
 
 def _mean(probes: list[dict[str, float]], key: str) -> float:
