@@ -112,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
               f"{', '.join(f'{x:.2f}' for x in cluster.corun_host_slowdown)}")
     else:
         print("  co-running ranks not measured (raw points without them): slow-down max(1, ranks / cores)")
+    if cluster.late_receive_us:
+        print(f"  a pipeline receive posted after its send, ranks 2..{len(cluster.late_receive_us)} computing: waits "
+              f"{', '.join(f'{x / 1e3:.2f}' for x in cluster.late_receive_us[1:])} ms")
     for c in cluster.collectives:
         if c.ranks == raw["nproc"] or c.group_size == 2:
             print(f"  {c.collective:<15} n={c.group_size} ranks={c.ranks}: alpha {c.alpha_us:8.1f} us, "

@@ -102,7 +102,8 @@ def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:
     values = shape_values(shapes)
     fwd = [stage_fwd(t, s).value(values) for s in range(t.num_stages)]
     bwd = [stage_bwd(t, s).value(values) for s in range(t.num_stages)]
-    timeline = simulate(t.orders, [float(x) for x in fwd], [float(x) for x in bwd], [float(x) for x in t.p2p_ns])
+    timeline = simulate(t.orders, [float(x) for x in fwd], [float(x) for x in bwd], [float(x) for x in t.p2p_ns],
+                        float(t.late_receive_ns))
     peaks = inflight_peaks(t.orders)
     ends, exposed, tails, before, after, memory = {}, {}, {}, {}, {}, {}
     for rank in t.orders:

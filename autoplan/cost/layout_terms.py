@@ -66,6 +66,7 @@ class LayoutTerms:
         self.d_full = t.block_act_bytes - t.block_act_full_bytes
         self.capacity_scaled = PERMILLE * t.capacity_bytes
         self.p2p = list(t.p2p_ns)
+        self.late_receive = t.late_receive_ns
         shapes = _schedule_shapes(t.orders, t.config.pp, S)
         dp = t.config.dp_cp  # the ranks gradients are reduced over
         gather_latency = t.gather_latency_ns if dp > 1 and t.config.zero_stage in (1, 2) else 0
@@ -129,7 +130,7 @@ class LayoutTerms:
         """(step time, critical rank) of the layout: the schedule simulated, each rank's work up to the sync
         point, then the largest after-sync work (the same integers as evaluate.evaluate)."""
         fwd, bwd = self.stage_times(n, sel, full)
-        ends = rank_ends(compiled(self.table.orders, self.num_stages), fwd, bwd, self.p2p)
+        ends = rank_ends(compiled(self.table.orders, self.num_stages), fwd, bwd, self.p2p, self.late_receive)
         best, critical, sync, after_max = -1, 0, 0, 0
         for rank in self.ranks:
             layers = sum(n[s] for s in rank.stages)

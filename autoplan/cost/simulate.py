@@ -4,7 +4,10 @@ Each rank runs its actions in list order, one at a time. A forward of stage s wa
 stage s-1 on the same micro-batch plus the point-to-point transfer between them; a backward of stage s
 waits for the backward of stage s+1 (or, on the last stage, its own forward) plus the transfer. Sends are
 asynchronous (they cost the receiver latency, not the sender's compute), as in torch's schedules and
-Megatron's. A list that cannot make progress is a deadlock, reported as such.
+Megatron's. A receive completes no sooner than ``late_receive`` after it is posted (when the receiving
+rank's previous action ends), which binds for receives posted after their data was sent: 0 on GPUs; on a
+CPU host whose ranks share cores, the measured wait of gloo's sender side for a core
+(``Cluster.late_receive_us``). A list that cannot make progress is a deadlock, reported as such.
 
 Because every start time is the maximum of its predecessors' end times, the step time is the length of
 the longest (critical) path through this graph. ``critical_path`` returns that path as counts of
@@ -63,8 +66,10 @@ class Compiled:
     last_index: dict[int, int]
 
 
-def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: list[float]) -> Timeline:
-    """``fwd_s[s]``/``bwd_s[s]``: durations of stage s; ``p2p_s[s]``: transfer time between s and s+1."""
+def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: list[float],
+             late_receive_s: float = 0.0) -> Timeline:
+    """``fwd_s[s]``/``bwd_s[s]``: durations of stage s; ``p2p_s[s]``: transfer time between s and s+1;
+    ``late_receive_s``: the least time from posting a receive to its completion (module doc)."""
     g = compiled(orders, len(fwd_s))
     n = len(g.rows)
     durations = list(fwd_s) + list(bwd_s)
@@ -72,6 +77,8 @@ def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: 
     binding: list[tuple[int, bool] | None] = [None] * n
     for i, (p, d1, e1, d2, e2, slot) in enumerate(g.rows):
         ready, why = (end[p], (p, False)) if p >= 0 else (0.0, None)
+        if late_receive_s and (e1 >= 0 or e2 >= 0):  # the action receives: it waits at least that long
+            ready += late_receive_s
         for d, edge in ((d1, e1), (d2, e2)):
             if d < 0:
                 continue
@@ -163,13 +170,13 @@ def data_dependencies(action: Action, num_stages: int) -> list[Action]:
     return [Action(s + 1, "B", mb), Action(s, "F", mb)]
 
 
-def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int]) -> dict[int, int]:
+def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int], late_receive: int = 0) -> dict[int, int]:
     """When each rank's last action ends: the same recurrence as ``simulate``, on integers (ns)."""
     durations = fwd + bwd
     transfer = list(p2p) + [0]
     end = [0] * (len(c.rows) + 1)
     for i, (prev, d1, e1, d2, e2, slot) in enumerate(c.rows):
-        t = end[prev]
+        t = end[prev] + late_receive if late_receive and (e1 >= 0 or e2 >= 0) else end[prev]
         u = end[d1] + transfer[e1]
         if u > t:
             t = u

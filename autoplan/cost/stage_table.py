@@ -24,7 +24,7 @@ from functools import cached_property
 
 from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, collective_time_s, group_link, p2p_time_s
 from autoplan.cost.host_terms import (
-    CoreShare, core_share, fsdp_layer, optimizer_tensor_s, replicate_microbatch_s, step_sync_s,
+    CoreShare, core_share, fsdp_layer, optimizer_tensor_s, ranks_on_node, replicate_microbatch_s, step_sync_s,
 )
 from autoplan.cost.model_states import ADAMW_FP32_STEP_BYTES, optimizer_step_bytes, state_bytes_per_param
 from autoplan.schema.schedule import RankOrders, build_schedule
@@ -57,6 +57,8 @@ class StageTable:
     head: LayerTimes
     p2p_ns: tuple[int, ...]
     """Transfer time between stage s and s+1, per micro-batch and direction."""
+    late_receive_ns: int
+    """The least time from posting a pipeline receive to its completion (simulate.py; 0 on GPUs)."""
     # device bytes of weights + gradients + optimizer state
     block_state_bytes: int
     embedding_state_bytes: int
@@ -204,6 +206,10 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
     hops = [intra if _global_rank(c, r) // per_node == _global_rank(c, (r + 1) % c.pp) // per_node else inter
             for r in range(c.pp if c.num_stages > 1 else 0)]
     p2p = tuple(hops[s % c.pp] for s in range(c.num_stages - 1))
+    late_receive = 0
+    if cluster.shares_cores and c.num_stages > 1:  # the measured wait (on 64 KiB) and this message's bytes
+        late_receive = _ns(cluster.late_receive_s(ranks_on_node(cluster, c))
+                           + p2p_time_s(cluster, workload.output_bytes, 0, 0) - p2p_time_s(cluster, 0, 0, 0))
     block = workload.block
     z3_buffer = 0
     if c.zero_stage == 3:  # the layer being computed and the one prefetched, unsharded
@@ -213,7 +219,7 @@ def build_table(workload: Workload, cluster: Cluster, training: TrainingSetup, c
         config=c, num_layers=workload.num_layers,
         block=times(block), selective_extra_ns=_ns(block.selective_extra_s * share.pipeline),
         full_extra_ns=_ns(share.scaled_s(block.fwd_s, block.host_fwd_s) + block.tp_fwd_s),
-        embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p,
+        embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p, late_receive_ns=late_receive,
         block_state_bytes=state(block.params), embedding_state_bytes=state(workload.embedding.params),
         head_state_bytes=state(head_params),
         block_act_bytes=int(math.ceil(block.saved_bytes)),

@@ -85,6 +85,11 @@ class Cluster:
     bandwidth). Empty: max(1, R / cores_per_node)."""
     corun_host_slowdown: tuple[float, ...] = ()
     """The same for host-bound work (chains of tiny eager ops: dispatch, autograd, allocation)."""
+    late_receive_us: tuple[float, ...] = ()
+    """Entry R-1: the mean wait of a point-to-point receive posted after its send while R ranks compute on
+    the node (``autoplan calibrate``, profiler/hardware/distributed_overhead.py): on a CPU host the
+    sender's side acts only once the scheduler gives it a core. The cost model lets every pipeline
+    receive complete no sooner than this after it is posted (cost/simulate.py). Empty (GPUs): 0."""
     collective_wait_factor: float = 1.0
     """Multiplier on the measured collectives' alpha inside a training step, where ranks reach a collective
     skewed by time-slicing instead of lined up by a barrier as in the microbenchmark. 1.0: the kernel-only
@@ -109,6 +114,9 @@ class Cluster:
             require(all(0.5 <= x <= 1000 for x in getattr(self, field)), field,
                     "each entry is a slow-down factor between 0.5 and 1000 (entry R-1: R ranks at once)")
 
+        require(all(0 <= x <= 1e6 for x in self.late_receive_us), "late_receive_us",
+                "each entry is a wait in microseconds between 0 and 1e6 (entry R-1: R ranks on the node)")
+
     @property
     def shares_cores(self) -> bool:
         """Ranks time-slice the node's cores and their collectives do not overlap compute (a CPU host)."""
@@ -118,6 +126,11 @@ class Cluster:
         """Slow-down of one rank while ``busy_ranks`` compute at once (``kind`` "kernel" or "host")."""
         table = self.corun_kernel_slowdown if kind == "kernel" else self.corun_host_slowdown
         return corun_slowdown(table, self.cores_per_node, busy_ranks)
+
+    def late_receive_s(self, ranks: int) -> float:
+        """A late receive's wait with ``ranks`` on the node (the last measured entry past the table's end)."""
+        table = self.late_receive_us
+        return table[min(ranks, len(table)) - 1] * 1e-6 if table and ranks >= 1 else 0.0
 
     def collective_fit(self, collective: str, group_size: int) -> CollectiveFit | None:
         """The measured fit for a group of ``group_size`` while this cluster's ranks run on a node: the fit

@@ -123,7 +123,7 @@ def simulated_lower_bound_ns(terms: LayoutTerms, low: Sequence[int], high: Seque
     fwd, bwd = terms.stage_times(low, zeros, zeros)
     most = max(terms.sel_ns, terms.full_ns)
     widest = [b + k * most for b, k in zip(terms.stage_times(high, zeros, zeros)[1], high)]
-    ends = rank_ends(compiled(terms.table.orders, terms.num_stages), fwd, bwd, terms.p2p)
+    ends = rank_ends(compiled(terms.table.orders, terms.num_stages), fwd, bwd, terms.p2p, terms.late_receive)
     return max(ends[rank.rank] + _tail(rank, sum(low[s] for s in rank.stages), widest, 0) for rank in terms.ranks)
 
 

@@ -115,3 +115,15 @@ def test_recompute_bound_is_below_the_exact_choice_and_often_tight():
                     checked += 1
                     tight += relaxed >= 0.95 * exact
     assert checked >= 100 and tight >= 10
+
+
+def test_bounds_hold_where_ranks_share_cores_and_late_receives_wait():
+    """The same checks on CPU hosts: the ranks share 2 cores and a pipeline receive posted after its send
+    waits 0.3-0.9 ms (simulate.py), a floor the fast path and the simulated bounds must carry too."""
+    rng = random.Random(11)
+    compared = 0
+    for _ in range(12):
+        model, cluster, training, pins = random_problem(rng)
+        host = dataclasses.replace(cluster, cores_per_node=2, late_receive_us=(0.0, 300.0, 600.0, 900.0))
+        compared += check_problem(model, host, training, pins)
+    assert compared >= 1000

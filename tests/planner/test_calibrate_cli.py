@@ -21,7 +21,7 @@ def test_shipped_calibration_is_the_fit_of_its_raw_points(tmp_path, capsys):
     assert {k: v for k, v in fitted.items() if k != "name"} == {k: v for k, v in shipped.items() if k != "name"}
     fitted_cluster, shipped_cluster = to_dict(load_cluster(cluster)), to_dict(load_cluster("cpu-local-calibrated"))
     for key in ("collectives", "residuals", "cores_per_node", "corun_kernel_slowdown", "corun_host_slowdown",
-                "intra_node"):
+                "late_receive_us", "intra_node"):
         assert fitted_cluster[key] == shipped_cluster[key]
     assert main(["plan", "gpt-tiny", "--cluster", str(cluster), "--global-batch-size", "16", "--json"]) == 0
 

@@ -121,9 +121,12 @@ def build_profiles(raw: dict, device_name: str, cluster_name: str) -> tuple[Devi
     corun = raw.get("corun", {})
     slowdown = {k: tuple(round(t / v[0], 4) for t in v) for k, v in corun.items() if v}
     kernel_slowdown = slowdown.get("layer", slowdown.get("gemm", ()))  # "gemm": raw files from before "layer"
+    late = {p["ranks"]: p["seconds"] for p in raw["distributed"].get("late_receive", ())}
+    late_receive = tuple(round(late.get(r, 0.0) * 1e6, 3) for r in range(1, nproc + 1)) if late else ()
     cluster = Cluster(name=cluster_name, device=device, devices_per_node=nproc, num_nodes=1, intra_node=link,
                       inter_node=link, backend="gloo", cores_per_node=cores, collectives=fits, residuals=residuals,
                       corun_kernel_slowdown=kernel_slowdown, corun_host_slowdown=slowdown.get("ops", ()),
+                      late_receive_us=late_receive,
                       source=f"autoplan calibrate --nproc {nproc}: gloo over loopback, {cores} cores shared by "
                              "the ranks; inter_node not measured (one machine), set equal to intra_node")
     cluster.validate()

@@ -18,6 +18,17 @@ less on a 2-core host than the traces of real steps show. Ranks outside every gr
 run the segments alone, so the cores are as loaded as in a step. Each point is the median of ``repeats``
 such pairs after a warm-up, each loop started by a barrier of the world.
 
+Late receives, in every world of N: rank 1 posts a receive about one segment after rank 0 posted the
+matching send, while rank 0 and every other rank compute segments (as a pipeline stage that finishes an
+action and asks for the input its neighbour sent meanwhile); the point is the mean time from the
+receive's post to its completion. On gloo the sender's side must still act once the receive is posted,
+and while the ranks keep the cores busy that waits for the scheduler. The distribution has a long tail
+(a scratch harness on the 2-core test host: medians 0.2-1.7 ms, means 0.9-2.9 ms, single waits up to
+16 ms), and a pipeline pays it on every message, hence the mean. The classic ping-pong, whose receiver
+is already waiting, reads 0.05-0.1 ms there; this measurement read 0.54, 0.98 and 1.09 ms at 2, 3 and 4
+ranks (calibration of 2026-12-06); and in a measured gpt-tiny pp4 step backward grads waited 3-10 ms
+after their send.
+
 In the world of 2 only, with tiny layers whose compute is negligible:
 
 * FSDP2: 8 ``fully_shard`` units (ZeRO-3: all-gather in forward and backward, reduce-scatter in
@@ -53,6 +64,8 @@ MESSAGE_BYTES = [4] + [2**k for k in range(10, 23, 2)]  # 4 B, 1 KiB .. 4 MiB
 UNIT_FEATURES = 16
 UNITS = 8
 PIPELINE_MICROBATCHES = (4, 16)
+LATE_RECEIVE_BYTES = 65536
+LATE_RECEIVE_REPEATS = 40
 SEGMENT_MNK = (512, 256, 256)  # 67 MFLOP: ~1 ms of fp32 GEMM on one core
 SEGMENT_CALLS = 8
 TP_HIDDEN = 64
@@ -61,8 +74,9 @@ TP_PAIRS = 4
 
 
 def measure_distributed(nproc: int, repeats: int = 7, progress=lambda _m: None) -> dict:
-    """{"collectives": [points], "fsdp": {...}, "replicate": {...}, "pipeline": {...}} for worlds 2..nproc."""
-    result: dict = {"collectives": []}
+    """{"collectives": [points], "late_receive": [points], "fsdp": {...}, "replicate": {...}, "pipeline": {...}}
+    for worlds 2..nproc."""
+    result: dict = {"collectives": [], "late_receive": []}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for world in range(2, nproc + 1):
         progress(f"collectives: world of {world} ranks, group sizes 2..{world}"
@@ -72,6 +86,7 @@ def measure_distributed(nproc: int, repeats: int = 7, progress=lambda _m: None) 
             mp.spawn(_worker, args=(world, repeats, tmp, str(out)), nprocs=world, join=True)
             data = json.loads(out.read_text())
         result["collectives"] += data.pop("collectives")
+        result["late_receive"].append(data.pop("late_receive"))
         result.update(data)
     return result
 
@@ -79,7 +94,8 @@ def measure_distributed(nproc: int, repeats: int = 7, progress=lambda _m: None) 
 def _worker(rank: int, world: int, repeats: int, tmp: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
-    data: dict = {"collectives": _collectives(rank, world, repeats) + _tp_collectives(rank, world, repeats)}
+    data: dict = {"collectives": _collectives(rank, world, repeats) + _tp_collectives(rank, world, repeats),
+                  "late_receive": _late_receive(rank, world)}
     if world == 2:
         data["fsdp"], data["replicate"] = _fsdp(rank)
         data["pipeline"] = _pipeline(rank)
@@ -111,6 +127,32 @@ def _collectives(rank: int, world: int, repeats: int) -> list[dict]:
             points.append({"collective": "send_recv", "group_size": 2, "ranks": world, "bytes": size,
                            "seconds": seconds})
     return points
+
+
+def _late_receive(rank: int, world: int) -> dict:
+    """{"ranks": world, "bytes", "seconds"}: the mean wait of a receive posted after its send (module doc)."""
+    segment = _segment()
+    buf = torch.ones(LATE_RECEIVE_BYTES // 4)
+    waits = []
+    for i in range(3 + LATE_RECEIVE_REPEATS):
+        dist.barrier()
+        if rank == 0:
+            work = dist.isend(buf, 1)
+            for _ in range(3):
+                segment()
+            work.wait()
+        elif rank == 1:
+            segment()
+            t0 = time.perf_counter()
+            dist.irecv(buf, 0).wait()
+            if i >= 3:
+                waits.append(time.perf_counter() - t0)
+        else:
+            for _ in range(3):
+                segment()
+    seconds = torch.tensor([statistics.mean(waits) if waits else 0.0], dtype=torch.float64)
+    dist.broadcast(seconds, src=1)
+    return {"ranks": world, "bytes": LATE_RECEIVE_BYTES, "seconds": seconds.item()}
 
 
 def _tp_collectives(rank: int, world: int, repeats: int) -> list[dict]:
