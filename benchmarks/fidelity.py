@@ -27,8 +27,8 @@ predictions were within 21%. Both sets of figures are printed and in ``--json`` 
 ``at_host_speed``); ``targets`` says which were judged and whether each target was met.
 
 Usage (from the repository root): python benchmarks/fidelity.py [--cluster NAME] [--quick] [--repeats N]
-[--json] [--keep DIR] [--refine]. By default it first runs ``autoplan calibrate`` into its scratch folder
-and plans on that cluster; ``--cluster NAME`` (say the shipped cpu-local-calibrated) skips that. Targets
+[--json] [--keep DIR] [--rescore DIR] [--refine]. By default it first runs ``autoplan calibrate`` into its
+scratch folder and plans on that cluster; ``--cluster NAME`` (say the shipped cpu-local-calibrated) skips that. Targets
 (issue 8): Spearman >= 0.9, median |error| <= 15%, max <= 30%, chosen_vs_best <= 10%, memory median |error|
 <= 25%. The runtime runs one plan per torchrun launch; every plan is launched ``--repeats`` times (default
 3), the whole list once per round, and scored by its median launch: on this host the same plan measured
@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -237,11 +238,16 @@ def measured(args: argparse.Namespace, tmp: Path, chosen_plans: list[int], say) 
     return rows, chosen, seconds
 
 
+def bad_input(message: str) -> NoReturn:
+    print(f"fidelity: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def rescored(tmp: Path, quick: bool) -> tuple[list[dict], str, str, int, float]:
     """The rows of a kept folder's plans and metrics, compared again (no run): (rows, the planner's choice,
     cluster, launches per plan, 0 seconds of runs)."""
     if not (tmp / "chosen.yaml").is_file():
-        raise SystemExit(f"fidelity: --rescore {tmp}: no chosen.yaml there; give a folder a --keep run left")
+        bad_input(f"--rescore {tmp}: no chosen.yaml there; give a folder a --keep run left")
     chosen = plan_key(tmp / "chosen.yaml")
     jobs = [(i, *PLANS[i]) for i in range(len(PLANS)) if (tmp / f"plan{i}.yaml").is_file()]
     if (tmp / f"plan{len(PLANS)}.yaml").is_file():
@@ -249,6 +255,9 @@ def rescored(tmp: Path, quick: bool) -> tuple[list[dict], str, str, int, float]:
     rows, repeats = [], 0
     for i, group, model, ranks, gbs, flags in jobs:
         rounds = sorted(int(m.stem.split("round")[1]) for m in tmp.glob(f"metrics{i}-round*.jsonl"))
+        if not rounds:
+            bad_input(f"--rescore {tmp}: plan{i}.yaml has no metrics{i}-round*.jsonl; give a folder whose --keep "
+                      "run finished")
         repeats = max(repeats, len(rounds))
         runs = [compare_one(tmp, i, r, warmup_steps(group, quick)[1]) for r in rounds]
         rows.append(row_of(runs, tmp, i, group, ranks, flags))
