@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from autoplan.cli.common import workload_fn
+from autoplan.cost.model_workload import workload_fn
 from autoplan.schema import ModelSpec, TrainingSetup, load_cluster
 from autoplan.search.planner import search
 from autoplan.search.result import plan_of, solver_info

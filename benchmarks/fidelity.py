@@ -181,7 +181,6 @@ def _refined(cluster_name: str, rows: list[dict]) -> dict:
     """The run-level refinement fitted on rows 0, 2, 4, ... and scored on rows 1, 3, 5, ..."""
     import dataclasses
 
-    from autoplan.cli.common import workload_fn
     from autoplan.report.compare import measured_run, read_metrics
     from autoplan.report.refine import refine
     from autoplan.report.simulated import simulate_plan
@@ -194,7 +193,7 @@ def _refined(cluster_name: str, rows: list[dict]) -> dict:
     for row in test:
         plan = load_plan(row["files"][0])
         plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, collective_wait_factor=r.factor))
-        step = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training)).step_s
+        step = simulate_plan(plan).step_s
         meas = measured_run(read_metrics(row["files"][1]), 2).step_time_s
         errors.append(abs(step - meas) / meas)
         predicted.append(step)

@@ -23,10 +23,11 @@ import dataclasses
 import sys
 import time
 
-from autoplan.cli.common import workload_fn
 from autoplan.cost.analytic_ops import block_ops
 from autoplan.cost.compute import flash_attention_time_s
-from autoplan.cost.layer_ops import layer_times
+from autoplan.cost.layer_ops import kernel_times
+from autoplan.cost.model_workload import stack_for, workload_fn
+from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
 from autoplan.schema import TrainingSetup, load_cluster, load_model
 from autoplan.schema.io import shipped_names
@@ -69,8 +70,9 @@ def row(model_name: str, cluster_name: str) -> str:
     if result.best is None:
         return f"{label}  nothing fits in {cluster.device.memory_gib:.0f} GiB"
     layout, predicted = predicted_of(result.best, cluster, training)
-    ops = block_ops(model, layout.micro_batch_size, training.seq_len, tp, sp, 2, training.attention)
-    times = layer_times(ops, cluster, training)
+    stack = stack_for(cluster)
+    ops = block_ops(model, LayerSplit(layout.micro_batch_size, tp, sp), training, stack)
+    times = kernel_times(ops, cluster, training, stack)
     gemm_eff = sum(g.flops for g in ops.gemms) / (times.gemm_fwd_s * cluster.device.peak_bf16_tflops * 1e12)
     executed = 0.5 * ops.attention.flops
     attn_eff = executed / (flash_attention_time_s(executed, training.seq_len, cluster.device, "bf16", "fwd")

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from autoplan.cli.common import workload_fn
+from autoplan.cost.model_workload import workload_fn
 from autoplan.schema import ModelSpec, TrainingSetup, load_cluster, load_model
 from autoplan.search.planner import search
 from autoplan.search.result import predicted_of

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autoplan.cost.activations import block_saved_bytes  # noqa: E402
 from autoplan.profiler.timing import materialize  # noqa: E402
 from autoplan.profiler.trace import trace_forward  # noqa: E402
-from autoplan.schema import ModelSpec  # noqa: E402
+from autoplan.cost.workload import LayerSplit  # noqa: E402
+from autoplan.schema import ModelSpec, TrainingSetup  # noqa: E402
 from runtime.models import build_model  # noqa: E402
 
 S, B, H, HEADS = 256, 2, 256, 8
@@ -54,7 +55,9 @@ def measure(arch: str, dtype: torch.dtype, attention: str, dropout: float) -> tu
 
 def analytic(arch: str, dtype: torch.dtype, attention: str, dropout: float) -> float:
     s = spec(arch, dropout)
-    saved = block_saved_bytes(s, B, S, 1, False, dtype != torch.float32, attention == "flash")
+    precision = "fp32" if dtype == torch.float32 else "bf16"
+    training = TrainingSetup(B, S, precision=precision, attention="flash" if attention == "flash" else "standard")
+    saved = block_saved_bytes(s, LayerSplit(B), training)
     return saved.none / (S * B * H)
 
 

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from autoplan.schema import ModelSpec  # noqa: E402
+from autoplan.schema import ModelSpec, ParallelDims  # noqa: E402
 from rt_helpers import make_plan  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.models import build_model  # noqa: E402
@@ -57,7 +57,7 @@ def plain_loop(steps: int) -> list[float]:
 
 def runtime_loop(steps: int) -> list[float]:
     plan = make_plan(SPEC, micro_batch_size=BATCH, num_microbatches=1, seq_len=SEQ, learning_rate=1e-3)
-    trainer = Trainer(plan, build_mesh(1, 1, 1, 1, torch.device("cpu"), False), TokenSource(256, SEQ, 0))
+    trainer = Trainer(plan, build_mesh(ParallelDims(), torch.device("cpu"), False), TokenSource(256, SEQ, 0))
     return [trainer.step(step).step_time_s for step in range(steps)]
 
 

@@ -58,6 +58,7 @@ def measure(name: str) -> dict:
     import torch
     import torch.distributed as dist
 
+    from autoplan.schema import ParallelDims
     from rt_helpers import make_plan
     from runtime.device import heap_in_use_bytes
     from runtime.mesh import build_mesh
@@ -67,7 +68,7 @@ def measure(name: str) -> dict:
     os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
     dist.init_process_group("gloo")
     plan = make_plan(spec(), micro_batch_size=8, num_microbatches=1, seq_len=512, **SETTINGS[name])
-    trainer = Trainer(plan, build_mesh(1, 1, 1, 1, torch.device("cpu"), False), TokenSource(256, 512, 0))
+    trainer = Trainer(plan, build_mesh(ParallelDims(), torch.device("cpu"), False), TokenSource(256, 512, 0))
     trainer.step(0)  # allocates gradients and Adam state: the second step shows the steady state
     before = heap_in_use_bytes()
     peak = trainer.step(1).peak_bytes

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoplan.schema import Plan
+from autoplan.schema.schedule import stages_of_rank
 from runtime.device import MemoryMeter
 from runtime.mesh import ParallelMesh
 from runtime.models import build_stage_model
@@ -24,7 +25,7 @@ from runtime.models.dropout import DropoutState, attach
 from runtime.models.init import init_buffers, init_parameters
 from runtime.parallel.context_parallel import apply_context_parallel, shard_positions
 from runtime.parallel.data_parallel import apply_data_parallel
-from runtime.parallel.pipeline import build_pipeline
+from runtime.parallel.pipeline import DropoutRows, build_pipeline
 from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tensor_parallel import apply_tp
 from runtime.train.optim import Optimizers
@@ -59,8 +60,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def local_stage_ids(plan: Plan, pp_rank: int) -> list[int]:
-    """Stages of one pipeline rank: ``i % pp == pp_rank`` (looped placement)."""
-    return [i for i in range(plan.num_stages) if i % plan.pp == pp_rank]
+    """Stages of one pipeline rank, as the plan's schedule places them (schema/schedule.py)."""
+    return list(stages_of_rank(plan.schedule, pp_rank, plan.pp, plan.virtual_stages))
 
 
 def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool, meter: MemoryMeter | None,
@@ -122,7 +123,6 @@ def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, 
     schedule = None
     if num_stages > 1:
         rows_per_replica = plan.training.global_batch_size // plan.dp
-        schedule = build_pipeline(models, stage_ids, num_stages, plan.schedule, plan.pp, plan.num_microbatches,
-                                  cross_entropy, pm.device, pm.group("pp"), dropout, plan.micro_batch_size,
-                                  pm.dp_rank * rows_per_replica)
+        schedule = build_pipeline(plan, dict(zip(stage_ids, models)), pm, cross_entropy,
+                                  DropoutRows(dropout, plan.micro_batch_size, pm.dp_rank * rows_per_replica))
     return Parts(models, stage_ids, schedule, optimizer, has_first, has_last, loss_parallel, dropout, **parts_kw)

@@ -73,7 +73,7 @@ class Trainer:
         with self._phase("tied grads"):
             self._sum_tied_grads()
         with self._phase("clip"):
-            norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, plan.tp * plan.cp * plan.dp,
+            norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, pm.dims.stage_ranks,
                                   parts.clip_excluded)
         parts.optimizer.step()
         with self._phase("loss"):
@@ -198,12 +198,11 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
             guard.check_weights(parts.parameters(), step + 1, saved, trainer.pm.device)
             saved = checkpoint.save(opts.checkpoint_dir, step + 1, parts.models, parts.optimizer, plan.model, plan)
     if tracer:
-        tracer.finish(trainer.pm, {"model": plan.model.name, "device": trainer.pm.device.type, "tp": plan.tp,
-                                   "pp": plan.pp, "dp": plan.dp, "zero_stage": plan.zero_stage,
-                                   "schedule": plan.schedule})
+        tracer.finish(trainer.pm, {"model": plan.model.name, "device": trainer.pm.device.type,
+                                   **plan.dims.as_dict(), "zero_stage": plan.zero_stage, "schedule": plan.schedule})
     if trainer.clock is not None:
-        trainer.clock.finish(opts.timeline, dist.get_rank(), {"model": plan.model.name, "tp": plan.tp, "pp": plan.pp,
-                                                              "dp": plan.dp, "schedule": plan.schedule,
+        trainer.clock.finish(opts.timeline, dist.get_rank(), {"model": plan.model.name, **plan.dims.as_dict(),
+                                                              "schedule": plan.schedule,
                                                               "num_microbatches": plan.num_microbatches})
     if rank0:
         print(log.summary(), flush=True)

@@ -69,7 +69,7 @@ def test_interleaved_ir(pp, m, v):
     for rank in range(pp):
         sch.rank = rank
         assert compute_only(sch._calculate_single_rank_operations(rank)) == expected[rank], rank
-    check_schedule(build_schedule("interleaved", pp, v, m), pp, pp * v, m)
+    check_schedule(build_schedule("interleaved", pp, v, m), "interleaved", pp, pp * v, m)
 
 
 EXECUTED = [(2, "pp2_gpipe"), (2, "pp2_1f1b"), (2, "pp2_interleaved_v2"), (2, "pp2_1f1b_unequal"),

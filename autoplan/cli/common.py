@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
+from typing import Literal, get_args, get_origin, get_type_hints
 
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
@@ -13,9 +13,6 @@ from autoplan.schema.hf_config import is_hf_config, spec_from_hf_config
 from autoplan.schema._io import validated
 from autoplan.schema.plan import ParallelConfig, RecomputeMode, parallel_dimensions
 from autoplan.schema.profile import ModelProfile, is_profile_file, load_profile
-
-if TYPE_CHECKING:  # the cost model is imported when a command runs, not to print --help
-    from autoplan.cost.estimate import WorkloadFn
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,21 +116,6 @@ def load_any_model(arg: str) -> ModelSpec | ModelProfile:
     if is_hf_config(arg):
         return spec_from_hf_config(arg)
     return load_model(arg)
-
-
-def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: TrainingSetup,
-                rescale: bool = False) -> WorkloadFn:
-    from autoplan.cost.workload import analytic_workload
-
-    if isinstance(model, ModelProfile):
-        from autoplan.profiler.adapter import profile_workload_fn  # torch-free
-
-        return profile_workload_fn(model, cluster, training, rescale=rescale)
-
-    def fn(micro_batch_size: int, tp: int, sp: bool, cp: int = 1):
-        return analytic_workload(model, cluster, training, micro_batch_size, tp, sp, cp)
-
-    return fn
 
 
 def runnable_spec(model: ModelSpec | ModelProfile) -> ModelSpec | None:

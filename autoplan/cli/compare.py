@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from autoplan.cli.common import workload_fn
 from autoplan.report.compare import comparison, measured_run, read_measured_trace, read_metrics, render_comparison
 from autoplan.report.simulated import simulate_plan
 from autoplan.schema import load_plan
@@ -29,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     measured = measured_run(read_metrics(args.metrics), args.warmup_steps)
     trace = read_measured_trace(args.trace) if args.trace else None
-    sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
+    sim = simulate_plan(plan)
     data = comparison(sim, measured, trace)
     print(json.dumps(data) if args.json else render_comparison(data, args.metrics))
     return 0

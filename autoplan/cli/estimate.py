@@ -9,10 +9,10 @@ import argparse
 import dataclasses
 import json
 
-from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec, workload_fn
+from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec
 from autoplan.errors import SpecError
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label
-from autoplan.schema import Layout, Plan, SolverInfo, check_fits, dump_plan, plan_to_dict
+from autoplan.schema import Layout, ParallelConfig, ParallelDims, Plan, SolverInfo, check_fits, dump_plan, plan_to_dict
 from autoplan.schema._io import to_dict, write_atomic
 from autoplan.schema.plan import parallel_dimensions
 
@@ -31,16 +31,17 @@ def register(subparsers) -> None:
 def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, global_batch: int) -> Layout:
     """The configuration given on the command line (the dimensions left out take their defaults), with
     the layers split evenly and every layer recomputed as ``--recompute`` says."""
-    from autoplan.cost.estimate import stages_from_shapes
+    from autoplan.cost.estimate import layout_of
     from autoplan.cost.evaluate import StageShape
     from autoplan.search.space import stage_splits
 
     given = {f.name: getattr(args, f.name) for f in parallel_dimensions() if f.metadata["pinnable"]}
     cp = given["cp"] or 1
-    if given["dp"] is None and num_devices % (args.tp * args.pp * cp):
+    filled = ParallelDims.filling(num_devices, pp=args.pp, cp=cp, tp=args.tp)
+    if given["dp"] is None and filled is None:
         raise SpecError(f"--tp/--pp/--cp: tp x pp x cp = {args.tp * args.pp * cp} does not divide the cluster's "
                         f"{num_devices} devices; give --dp or other sizes")
-    dp = given["dp"] or num_devices // (args.tp * args.pp * cp)
+    dp = given["dp"] or filled.dp
     if global_batch % (dp * args.micro_batch_size):
         raise SpecError(f"--micro-batch-size: global batch {global_batch} is not divisible by dp x micro-batch "
                         f"= {dp} x {args.micro_batch_size}")
@@ -54,11 +55,12 @@ def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, glo
     split = stage_splits(num_layers, stages, 0)[0]
     mode = args.recompute or "none"
     shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)
-    return Layout(**values, stages=stages_from_shapes(shapes, args.pp))
+    return layout_of(ParallelConfig(**values), shapes)
 
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.cost.estimate import estimate_layout, with_local_params
+    from autoplan.cost.model_workload import workload_fn
     from autoplan.search.space import num_layers_of, tp_options
 
     model, cluster, training = load_inputs(args)
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError(f"tp: the profile's blocks shard at tp in {tp_options(model, cluster)}, not {layout.tp}")
     if args.output and spec is None:
         raise SpecError(f"-o: profile {model.name!r} is not of a model the runtime can build; estimate it without -o")
-    predicted, evaluation, _ = estimate_layout(workload_fn(model, cluster, training, args.rescale_profile),
+    predicted, evaluation, _ = estimate_layout(workload_fn(model, cluster, training, rescale=args.rescale_profile),
                                                cluster, training, layout)
     fits = predicted.peak_memory_gib <= predicted.capacity_gib
     info = SolverInfo(name="given", status="FITS" if fits else "DOES_NOT_FIT", objective=predicted.step_time_s,

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec, workload_fn
+from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec
 from autoplan.errors import SpecError
 
 DESCRIPTION = """\
@@ -50,6 +50,7 @@ def stderr_progress(message: str, final: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here so that `autoplan --help` does not load the search (and OR-Tools behind it)
+    from autoplan.cost.model_workload import workload_fn
     from autoplan.report.tables import breakdown_table, ranking_table
     from autoplan.report.why import why_winner
     from autoplan.schema import dump_plan, plan_to_dict
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if pins.offload_optimizer and pins.zero_stage == 0:
         raise SpecError("--offload: needs ZeRO stage >= 1 (it offloads the sharded optimizer state) and "
                         "--zero-stage 0 is pinned; pin --zero-stage 1 or more, or drop --offload")
-    make = lambda m, c, t: workload_fn(m, c, t, args.rescale_profile)  # noqa: E731
+    make = lambda m, c, t: workload_fn(m, c, t, rescale=args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)
     if result.status == "UNKNOWN":

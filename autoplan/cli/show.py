@@ -40,10 +40,9 @@ def run(args: argparse.Namespace) -> int:
     if not (args.timeline or args.trace or args.png):
         return 0
     # the cost model is imported only to draw: printing a plan stays fast
-    from autoplan.cli.common import workload_fn
     from autoplan.report.simulated import simulate_plan
 
-    sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
+    sim = simulate_plan(plan)
     if args.timeline:
         from autoplan.report.timeline import draw_timeline
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.schema import ModelSpec, Precision
+from autoplan.cost.split import LayerSplit
+from autoplan.schema import ModelSpec, Precision, TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -44,41 +45,48 @@ def elem_bytes(precision: Precision) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def block_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str) -> SavedBytes:
-    """Bytes one block keeps, with activations of ``e`` bytes and ``attention`` "flash" or "standard"."""
+def block_saved_bytes(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> SavedBytes:
+    """Bytes one block keeps for the whole sequence (the caller divides by cp), in the activation dtype, with
+    training.attention "flash" or "standard". b, s, h, a, f, t as in Korthikanti et al."""
+    e, attention = elem_bytes(training.activation_precision), training.attention
+    b, s, tp = split.micro_batch_size, training.seq_len, split.tp
     h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_size, model.num_attention_heads
     sbh = s * b * h
     masks = 2 * sbh if model.dropout > 0 else 0
-    replicated = (4 * e * sbh + masks) / (tp if sp else 1)
+    replicated = (4 * e * sbh + masks) / split.hidden_shards
     mlp = (4 if model.architecture == "llama" else 2) * e * s * b * f
-    split = (e * s * b * (h + 2 * kv) + e * sbh + mlp) / tp
+    split_bytes = (e * s * b * (h + 2 * kv) + e * sbh + mlp) / tp
     if attention == "flash":
         core = 4.0 * a * s * b / tp  # the kernel's fp32 log-sum-exp, one per query row and head
     else:
         core = (e + ((1 + e) if model.dropout > 0 else 0)) * a * s * s * b / tp
-    none = replicated + split + core
+    none = replicated + split_bytes + core
     return SavedBytes(none=none, selective=none - (0.0 if attention == "flash" else core),
-                      full=e * sbh / (tp if sp else 1))
+                      full=e * sbh / split.hidden_shards)
 
 
-def embedding_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool) -> float:
+def embedding_saved_bytes(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> float:
     """Token ids (int64) and, with dropout, the embedding dropout mask."""
-    mask = s * b * model.hidden_size / (tp if sp else 1) if model.dropout > 0 else 0
-    return 8.0 * b * s + mask
+    tokens = split.micro_batch_size * training.seq_len
+    mask = tokens * model.hidden_size / split.hidden_shards if model.dropout > 0 else 0
+    return 8.0 * tokens + mask
 
 
-def head_saved_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, vocab: int) -> float:
-    """Final-norm input, projection input (gathered under SP) and the fp32 log-softmax output over the
-    ``vocab`` rows (the padded vocabulary) split across TP."""
-    sbh = s * b * model.hidden_size
-    return e * sbh / (tp if sp else 1) + e * sbh + 4.0 * b * s * vocab / tp
+def head_input_saved_bytes(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> float:
+    """Final-norm input and projection input (gathered under SP); the loss's fp32 log-softmax over the
+    padded vocabulary is added by the vocabulary layer (analytic_ops.head_of_vocabulary)."""
+    e = elem_bytes(training.activation_precision)
+    sbh = split.micro_batch_size * training.seq_len * model.hidden_size
+    return e * sbh / split.hidden_shards + e * sbh
 
 
-def logits_transient_bytes(b: int, s: int, tp: int, e: int, vocab: int) -> float:
-    """Logits and their gradient alive at once while the loss is differentiated (one micro-batch)."""
-    return (4.0 + e) * b * s * vocab / tp
+def logits_transient_bytes(tokens: int, tp: int, e: int, vocab: int) -> float:
+    """Logits and their gradient alive at once while the loss is differentiated (one micro-batch of
+    ``tokens`` tokens, ``vocab`` padded rows split over ``tp``)."""
+    return (4.0 + e) * tokens * vocab / tp
 
 
-def stage_output_bytes(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int) -> float:
-    """Hidden states a pipeline stage sends to the next (sharded along the sequence under SP)."""
-    return e * s * b * model.hidden_size / (tp if sp else 1)
+def stage_output_bytes(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> float:
+    """Hidden states a pipeline stage sends to the next (sharded along the sequence under SP), whole sequence."""
+    e = elem_bytes(training.activation_precision)
+    return e * training.seq_len * split.micro_batch_size * model.hidden_size / split.hidden_shards

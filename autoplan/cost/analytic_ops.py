@@ -21,15 +21,18 @@ block adds its ring attention's K/V exchange and merges (cost/context_parallel.p
 The embedding gathers its rows (and adds the learned positions for gpt); the head normalises, projects
 and runs the cross-entropy over the padded vocabulary (read the logits, write the fp32 log-softmax, read it
 back for the loss). Vocabulary-parallel cross-entropy all-reduces three per-token values (max, sum of
-exponentials, target logit; Megatron's ``_VocabParallelCrossEntropy``).
+exponentials, target logit; Megatron's ``_VocabParallelCrossEntropy``). What the vocabulary adds to a
+layer (its table, the lookup's and the loss's collectives, the projection GEMM, the logits) is built once,
+by ``embedding_of_vocabulary`` and ``head_of_vocabulary``, for a spec here and for a traced profile
+(cost/profile_ops.py), so both are priced the same; each source gives only the layer's own work (the
+``EdgeWork``: positions, norms, dropout).
 
-Backward TP all-reduces without SP, as this project's runtime issues them: it parallelises q, k, v (and
-the MLP's input matrices) as separate ``ColwiseParallel`` modules (runtime/parallel/tensor_parallel.py),
-and DTensor all-reduces the input gradient of each at its module boundary: 3 + 1 (gpt) or 3 + 2 (llama)
-per block, not Megatron's one per column -> row pair (fused QKV). A torch profiler trace of a tp4
-gpt-tiny step on gloo shows 53 DTensor all-reduces, as this count gives. Priced so on a CPU host (a
-calibrated cluster predicts the runtime); GPU clusters keep Megatron's count, which their published
-reference figures were measured with.
+Backward TP all-reduces without SP follow the stack (schema/stack.py ``tp_input_grad_reduce``): Megatron
+all-reduces the input gradient once per column -> row pair (fused QKV); this project's runtime
+parallelises q, k, v (and the MLP's input matrices) as separate ``ColwiseParallel`` modules
+(runtime/parallel/tensor_parallel.py), and DTensor all-reduces the input gradient of each at its module
+boundary: 3 + 1 (gpt) or 3 + 2 (llama) per block. A torch profiler trace of a tp4 gpt-tiny step on gloo
+shows 53 DTensor all-reduces, as this count gives.
 
 Host work (``HostOps``, priced only where the device has host fields, i.e. on a CPU): the eager ops of
 the runtime's reference layers (runtime/models/gpt.py, llama.py) as ``TorchDispatchMode`` counts them,
@@ -39,8 +42,8 @@ the attention core once per (row, head) (runtime/models/dropout.py): not counted
 of a model with dropout is underestimated. TP-parallelised modules per layer: q, k, v, o and the MLP's
 matrices of a block, the vocabulary-parallel embedding, the head.
 
-Eager bytes (``EAGER_ELEMENTS``, priced instead of the fused bytes where the runtime runs eagerly,
-cost/layer_ops.py ``runs_eager``): what every eager op of the runtime's layer reads and writes, forward and
+Eager bytes (``EAGER_ELEMENTS``, priced instead of the fused bytes on an eager stack, schema/stack.py
+``elementwise``): what every eager op of the runtime's layer reads and writes, forward and
 backward, in elements per token of the residual stream (per h, split by SP), the attention heads (per h
 and per kv width, split by TP), the MLP's activations (per ffn width, split by TP) and the logits (per
 padded vocabulary, split by TP); counted by autoplan.profiler.hardware.eager_bytes at dropout 0 and
@@ -50,11 +53,14 @@ RMSNorm alone is six kernels forward (pow, mean, add, rsqrt, two muls), RoPE eig
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from autoplan.cost import activations as act
-from autoplan.cost.activations import SavedBytes
+from autoplan.cost.activations import SavedBytes, elem_bytes
 from autoplan.cost.context_parallel import ring_exchange
 from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, shard_sequence
-from autoplan.schema import ModelSpec
+from autoplan.cost.workload import LayerSplit, Workload, build_workload
+from autoplan.schema import Cluster, ModelSpec, StackProfile, TrainingSetup
 
 # (forward compute ops, forward views, backward compute ops, backward views) per layer and architecture,
 # dropout 0, counted by autoplan.profiler.hardware.op_count on the runtime's layers (the head includes the
@@ -82,12 +88,13 @@ EAGER_ELEMENTS: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]
 }
 
 
-def eager_bytes(model: ModelSpec, layer: str, tokens: int, tp: int, sp: bool, e: int) -> tuple[float, float]:
-    """(forward, backward) bytes the runtime's eager ops of ``layer`` move for ``tokens`` tokens on one
-    device (module doc): the residual stream is split by SP, the heads, MLP and logits by TP."""
-    r = 1 / tp if sp else 1.0
-    widths = (model.hidden_size * r, model.hidden_size / tp, model.kv_size / tp, model.ffn_hidden_size / tp,
-              model.padded_vocab_size(tp) / tp)
+def eager_bytes(model: ModelSpec, layer: str, split: LayerSplit, training: TrainingSetup) -> tuple[float, float]:
+    """(forward, backward) bytes the runtime's eager ops of ``layer`` move for one micro-batch of the whole
+    sequence on one device (module doc): the residual stream is split by SP, the heads, MLP and logits by TP."""
+    tp, e = split.tp, elem_bytes(training.activation_precision)
+    tokens = split.micro_batch_size * training.seq_len
+    widths = (model.hidden_size / split.hidden_shards, model.hidden_size / tp, model.kv_size / tp,
+              model.ffn_hidden_size / tp, model.padded_vocab_size(tp) / tp)
     return tuple(e * tokens * sum(c * w for c, w in zip(counts, widths))
                  for counts in EAGER_ELEMENTS[(model.architecture, layer)])
 
@@ -108,26 +115,23 @@ def host_ops(model: ModelSpec, layer: str) -> HostOps:
     return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, 1, norm + projection, projection)
 
 
-def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, attention: str, cp: int = 1,
-              per_module_input_grads: bool = False) -> LayerOps:
-    """One block on one device: ``s`` is the whole sequence; under ``cp`` the device holds s / cp of it.
-
-    ``per_module_input_grads``: price the backward TP all-reduces as the runtime's DTensor TP issues them
-    (see the module doc); False: Megatron's one per column -> row pair, what the published GPU figures
-    (Korthikanti et al. 2022, Table 4) are measured with."""
-    if cp > 1:
-        if attention != "flash":
+def block_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stack: StackProfile) -> LayerOps:
+    """One block on one device; under ``split.cp`` the device holds seq_len / cp of every sequence."""
+    if split.cp > 1:
+        if training.attention != "flash":
             raise ValueError("context parallelism runs ring attention on flash kernels (plan.py refuses standard)")
-        ops = block_ops(model, b, s, tp, sp, e, attention, per_module_input_grads=per_module_input_grads)
-        local = b * s // cp  # this rank's tokens
-        ring = ring_exchange(cp, local * model.hidden_size / tp, 2 * local * model.kv_size / tp, e)
-        return shard_sequence(ops, cp, ring)
+        ops = block_ops(model, replace(split, cp=1), training, stack)
+        e = elem_bytes(training.activation_precision)
+        local = split.micro_batch_size * training.seq_len // split.cp  # this rank's tokens
+        ring = ring_exchange(split.cp, local * model.hidden_size / split.tp, 2 * local * model.kv_size / split.tp, e)
+        return shard_sequence(ops, split.cp, ring)
+    tp, e = split.tp, elem_bytes(training.activation_precision)
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
-    tokens = b * s
+    tokens = split.micro_batch_size * training.seq_len
     mlp_in = [Gemm(tokens, f // tp, h, count=model.mlp_matrices - 1)]  # fc1, or gate and up
     gemms = (Gemm(tokens, h // tp, h), Gemm(tokens, kv // tp, h, count=2), Gemm(tokens, h // tp, h),
              *mlp_in, Gemm(tokens, h, f // tp))
-    r = 1 / tp if sp else 1.0
+    r = 1 / split.hidden_shards
     hidden, ffn = e * tokens * h, e * tokens * f / tp
     elementwise = (2 + 4 + 3) * hidden * r + (3 if model.architecture == "llama" else 2) * ffn
     kernels = 4
@@ -136,17 +140,18 @@ def block_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, atten
         kernels += 1
     if model.dropout > 0:
         elementwise += 2 * tokens * h * r
-    fwd, bwd = block_tp_messages(hidden, sp, splits=2)
-    if per_module_input_grads and not sp:
+    fwd, bwd = block_tp_messages(hidden, split.sequence_parallel, splits=2)
+    if stack.tp_input_grad_reduce == "per_module" and not split.sequence_parallel:
         bwd = (Message("all_reduce", hidden),) * (3 + model.mlp_matrices - 1)  # q, k, v; fc1, or gate and up
     # norm weights (and, for gpt, the biases of the row-parallel o and fc2, added after their all-reduce)
     # stay whole on every TP rank; everything else is split
     replicated = 2 * h if model.architecture == "llama" else 6 * h
-    core = AttentionCore(b, model.num_attention_heads / tp, s, model.head_dim, model.dropout > 0)
+    core = AttentionCore(split.micro_batch_size, model.num_attention_heads / tp, training.seq_len, model.head_dim,
+                         model.dropout > 0)
     return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
                     elementwise_bytes=elementwise, elementwise_kernels=kernels,
-                    saved=act.block_saved_bytes(model, b, s, tp, sp, e, attention), tp_fwd=fwd, tp_bwd=bwd,
-                    host=host_ops(model, "block"), eager_bytes=eager_bytes(model, "block", tokens, tp, sp, e))
+                    saved=act.block_saved_bytes(model, split, training), tp_fwd=fwd, tp_bwd=bwd,
+                    host=host_ops(model, "block"), eager_bytes=eager_bytes(model, "block", split, training))
 
 
 def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
@@ -166,44 +171,110 @@ def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple
     return forward, backward
 
 
-def embedding_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: int = 1) -> LayerOps:
-    """The embedding for the whole sequence ``s`` (learned positions: s rows on every rank), split by cp."""
-    if cp > 1:
-        return shard_sequence(embedding_ops(model, b, s, tp, sp, e), cp)
-    hidden = e * b * s * model.hidden_size
-    # gather the rows (read, write); gpt adds the learned positions (read two, write one) and drops out
-    moved = 2 * hidden + ((3 * hidden + (2 * hidden + b * s * model.hidden_size if model.dropout > 0 else 0))
-                          if model.architecture == "gpt" else 0)
-    saved = act.embedding_saved_bytes(model, b, s, tp, sp)
-    vocab = model.padded_vocab_size(tp)
-    pos = s * model.hidden_size if model.architecture == "gpt" else 0  # learned positions stay whole
-    # vocabulary-parallel lookup: partial rows combined by an all-reduce (a reduce-scatter under SP, whose
-    # backward all-gathers the gradient)
+@dataclass(frozen=True)
+class EdgeWork:
+    """What a source knows of the embedding's or the head's own work besides the vocabulary (positions,
+    norms, dropout), for one micro-batch of the whole sequence on one device."""
+
+    params: float
+    """Parameters besides the vocabulary table and the output projection (learned positions, norms)."""
+    elementwise_bytes: float
+    """Forward bytes of the layer's own memory-bound ops (the lookup's gather included, the loss excluded)."""
+    kernels: int
+    saved_bytes: float
+    """Bytes the layer keeps for backward besides the loss's log-softmax."""
+    gemms: tuple[Gemm, ...] = ()
+    """GEMMs besides the output projection."""
+    host: HostOps = HostOps()
+    eager_bytes: tuple[float, float] | None = None
+
+
+# the loss's own kernels on the head: the log-softmax and the NLL
+LOSS_KERNELS = 2
+
+
+def embedding_of_vocabulary(rows: int, hidden_size: int, own: EdgeWork, split: LayerSplit,
+                            training: TrainingSetup) -> LayerOps:
+    """The embedding: its own work and a vocabulary-parallel table of ``rows`` (padded) x ``hidden_size``,
+    whose partial rows an all-reduce combines (a reduce-scatter under SP, whose backward all-gathers the
+    gradient). For the whole sequence; under cp split by ``shard_sequence``."""
+    if split.cp > 1:
+        return shard_sequence(embedding_of_vocabulary(rows, hidden_size, own, replace(split, cp=1), training), split.cp)
+    hidden = elem_bytes(training.activation_precision) * split.micro_batch_size * training.seq_len * hidden_size
+    sp = split.sequence_parallel
     fwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
     bwd = (Message("all_gather", hidden),) if sp else ()
-    return LayerOps(params=vocab * model.hidden_size / tp + pos, gemms=(), attention=None,
-                    elementwise_bytes=moved, elementwise_kernels=2, saved=SavedBytes(saved, saved, saved),
-                    tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "embedding"),
-                    eager_bytes=eager_bytes(model, "embedding", b * s, tp, sp, e))
+    saved = own.saved_bytes
+    return LayerOps(params=rows * hidden_size / split.tp + own.params, gemms=own.gemms, attention=None,
+                    elementwise_bytes=own.elementwise_bytes, elementwise_kernels=own.kernels,
+                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd, host=own.host,
+                    eager_bytes=own.eager_bytes)
 
 
-def head_ops(model: ModelSpec, b: int, s: int, tp: int, sp: bool, e: int, cp: int = 1) -> LayerOps:
-    if cp > 1:  # each rank's loss is the mean over its tokens; averaging gradients over dp x cp does the rest
-        return shard_sequence(head_ops(model, b, s, tp, sp, e), cp)
-    vocab = model.padded_vocab_size(tp)
-    tokens, hidden = b * s, e * b * s * model.hidden_size
-    logits = tokens * vocab / tp
-    # final norm (read, write), then the loss: read the logits, write the fp32 log-softmax, read it back
-    moved = 2 * hidden / (tp if sp else 1) + (e + 8) * logits
-    saved = act.head_saved_bytes(model, b, s, tp, sp, e, vocab)
-    norm_params = 2 * model.hidden_size if model.architecture == "gpt" else model.hidden_size
-    projection = 0.0 if model.tie_embeddings else vocab * model.hidden_size / tp
-    losses = (Message("all_reduce", 4.0 * tokens),) * 3  # max, sum of exponentials, target logit (fp32)
-    # column-parallel head: under SP its input is all-gathered in forward and reduce-scattered in backward;
-    # without SP the forward needs nothing and the backward all-reduces the input gradient
+def head_of_vocabulary(rows: int, hidden_size: int, own: EdgeWork, projection: bool, split: LayerSplit,
+                       training: TrainingSetup) -> LayerOps:
+    """The head: its own work (the final norm), a column-parallel projection onto ``rows`` (padded) output
+    features (its weight counted here unless ``projection`` is False: tied to the embedding), and the
+    vocabulary-parallel cross-entropy: read the logits, write the fp32 log-softmax (kept for backward),
+    read it back; three per-token all-reduces (max, sum of exponentials, target logit). Under SP the
+    projection's input is all-gathered in forward and reduce-scattered in backward; without SP the
+    backward all-reduces the input gradient."""
+    if split.cp > 1:  # each rank's loss is the mean over its tokens; averaging gradients over dp x cp does the rest
+        return shard_sequence(head_of_vocabulary(rows, hidden_size, own, projection, replace(split, cp=1), training),
+                              split.cp)
+    e, tp, sp = elem_bytes(training.activation_precision), split.tp, split.sequence_parallel
+    tokens = split.micro_batch_size * training.seq_len
+    hidden, logits = e * tokens * hidden_size, tokens * rows / tp
+    saved = own.saved_bytes + 4.0 * logits
+    losses = (Message("all_reduce", 4.0 * tokens),) * 3  # fp32
     fwd = ((Message("all_gather", hidden),) if sp else ()) + losses
     bwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
-    return LayerOps(params=norm_params + projection, gemms=(Gemm(tokens, vocab // tp, model.hidden_size, fp8=False),),
-                    attention=None, elementwise_bytes=moved, elementwise_kernels=3,
-                    saved=SavedBytes(saved, saved, saved), tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "head"),
-                    eager_bytes=eager_bytes(model, "head", tokens, tp, sp, e))
+    weight = rows * hidden_size / tp if projection else 0.0
+    return LayerOps(params=own.params + weight,
+                    gemms=(*own.gemms, Gemm(tokens, rows // tp, hidden_size, fp8=False)), attention=None,
+                    elementwise_bytes=own.elementwise_bytes + (e + 8) * logits,
+                    elementwise_kernels=own.kernels + LOSS_KERNELS, saved=SavedBytes(saved, saved, saved),
+                    tp_fwd=fwd, tp_bwd=bwd, host=own.host, eager_bytes=own.eager_bytes)
+
+
+def embedding_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> LayerOps:
+    """The embedding of a spec: gather the rows (read, write); gpt adds the learned positions (read two,
+    write one; s rows on every rank) and drops out."""
+    e = elem_bytes(training.activation_precision)
+    tokens = split.micro_batch_size * training.seq_len
+    hidden = e * tokens * model.hidden_size
+    gpt = model.architecture == "gpt"
+    moved = 2 * hidden + ((3 * hidden + (2 * hidden + tokens * model.hidden_size if model.dropout > 0 else 0))
+                          if gpt else 0)
+    own = EdgeWork(params=training.seq_len * model.hidden_size if gpt else 0, elementwise_bytes=moved, kernels=2,
+                   saved_bytes=act.embedding_saved_bytes(model, split, training), host=host_ops(model, "embedding"),
+                   eager_bytes=eager_bytes(model, "embedding", split, training))
+    return embedding_of_vocabulary(model.padded_vocab_size(split.tp), model.hidden_size, own, split, training)
+
+
+def head_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> LayerOps:
+    """The head of a spec: the final norm (read, write; split under SP), then the vocabulary's projection
+    and loss."""
+    hidden = elem_bytes(training.activation_precision) * split.micro_batch_size * training.seq_len * model.hidden_size
+    own = EdgeWork(params=2 * model.hidden_size if model.architecture == "gpt" else model.hidden_size,
+                   elementwise_bytes=2 * hidden / split.hidden_shards, kernels=1,
+                   saved_bytes=act.head_input_saved_bytes(model, split, training), host=host_ops(model, "head"),
+                   eager_bytes=eager_bytes(model, "head", split, training))
+    return head_of_vocabulary(model.padded_vocab_size(split.tp), model.hidden_size, own, not model.tie_embeddings,
+                              split, training)
+
+
+def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetup, split: LayerSplit,
+                      stack: StackProfile) -> Workload:
+    """A spec's per-layer costs for one split on ``cluster`` as ``stack`` runs them."""
+    tp, cp = split.tp, split.cp
+    vocab = model.padded_vocab_size(tp)
+    tokens = split.micro_batch_size * training.seq_len
+    return build_workload(
+        embedding_ops(model, split, training), block_ops(model, split, training, stack), head_ops(model, split, training),
+        num_layers=model.num_layers, split=split, cluster=cluster, training=training, stack=stack,
+        tied_copy_params=vocab * model.hidden_size / tp if model.tie_embeddings else 0.0,
+        output_bytes=act.stage_output_bytes(model, split, training) / cp,
+        logits_transient_bytes=act.logits_transient_bytes(tokens, tp, elem_bytes(training.activation_precision),
+                                                          vocab) / cp,
+    )

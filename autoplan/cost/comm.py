@@ -10,17 +10,18 @@ already fold those ring factors' efficiency in, so
 which is NCCL's own ring cost model (src/graph/tuning.cc: ``baseLat`` once, ``hwLat`` per step, bytes over
 the bus bandwidth); ``base`` is the cluster's ``collective_latency_us``.
 
-Which link a group uses follows from the rank order ``tp + tp*(cp + cp*(dp + dp*pp))`` (plan.py):
-consecutive ranks fill a node first, so a TP group is stride 1, a CP group stride tp (inside a node when
-tp x cp <= devices per node), and the dp x cp ranks that reduce gradients together stride tp. A group whose members span nodes with g members per node is limited by
+Which link a group uses follows from its span in the rank order (``ParallelDims.span``,
+schema/parallel_dims.py): consecutive ranks fill a node first, so a TP group is stride 1, a CP group
+stride tp (inside a node when tp x cp <= devices per node), and the dp x cp ranks that reduce gradients
+together stride tp. A group whose members span nodes with g members per node is limited by
 min(intra-node bandwidth, g x the per-device inter-node bandwidth): every member drives its own NIC
 (rail-optimised rings, one NIC per GPU as in DGX nodes).
 
 A cluster with measured fits (``Cluster.collectives``, gloo on a CPU host) prices a group of n by the fit
 of its collective at n instead: t = alpha + factor * S / busbw, alpha and busbw as measured with the
 node's ranks all running (schema/cluster.py). A TP group's collectives take the ``tp_*`` fits where
-there are some: measured as DTensor issues them inside a layer, they cost about twice the plain loop's
-on a 2-core host (profiler/hardware/distributed_overhead.py).
+there are some: measured as DTensor issues them inside a layer, they carry DTensor's own work and the
+skew of ranks that reach them out of step (profiler/hardware/distributed_overhead.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Literal
 
 from autoplan.schema import Cluster
 from autoplan.schema.cluster import CollectiveFit
+from autoplan.schema.parallel_dims import GroupSpan
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter"]
 
@@ -53,19 +55,19 @@ class GroupLink:
         return next((f for f in self.fits if f.collective == kind), None)
 
 
-def group_link(cluster: Cluster, size: int, stride: int, tensor_parallel: bool = False) -> GroupLink:
-    """Link of a group of ``size`` ranks spaced ``stride`` apart (tp: stride 1; cp and dp x cp: stride tp);
+def group_link(cluster: Cluster, span: GroupSpan, tensor_parallel: bool = False) -> GroupLink:
+    """Link of one group of the layout (``ParallelDims.span``: its size and member stride);
     ``tensor_parallel``: the TP group, whose collectives DTensor issues (the ``tp_*`` fits)."""
     per_node = cluster.devices_per_node
     intra = cluster.intra_node
     base = cluster.collective_latency_us * 1e-6
+    size = span.size
     fits = tuple(f for kind in ("all_reduce", "all_gather", "reduce_scatter")
                  if (f := _fit(cluster, kind, size, tensor_parallel)) is not None) if size > 1 else ()
-    if size <= 1 or size * stride <= per_node:
+    if span.fits_in_node(per_node):
         return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base, fits,
                          cluster.collective_wait_factor)
-    members_per_node = max(1, per_node // stride)
-    inter_bw = min(intra.bandwidth_gb_per_s, members_per_node * cluster.inter_node.bandwidth_gb_per_s)
+    inter_bw = min(intra.bandwidth_gb_per_s, span.members_per_node(per_node) * cluster.inter_node.bandwidth_gb_per_s)
     return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base, fits,
                      cluster.collective_wait_factor)
 
@@ -105,10 +107,9 @@ def collective_bandwidth_s(kind: Collective, size_bytes: float, link: GroupLink)
     return factor * size_bytes / (fit.busbw_gb_per_s * 1e9 if fit is not None else link.bandwidth_bytes_per_s)
 
 
-def p2p_time_s(cluster: Cluster, size_bytes: float, src_rank: int, dst_rank: int) -> float:
-    """One send/recv between two global ranks: latency + bytes / bandwidth of the link between them (the
-    measured send_recv fit within a node where the cluster has one)."""
-    same_node = src_rank // cluster.devices_per_node == dst_rank // cluster.devices_per_node
+def p2p_time_s(cluster: Cluster, size_bytes: float, same_node: bool) -> float:
+    """One send/recv between two ranks: latency + bytes / bandwidth of the link between them (the measured
+    send_recv fit within a node where the cluster has one)."""
     fit = cluster.collective_fit("send_recv", 2) if same_node else None
     if fit is not None:
         return fit.alpha_us * 1e-6 * cluster.collective_wait_factor + size_bytes / (fit.busbw_gb_per_s * 1e9)

@@ -4,51 +4,56 @@ memory per pipeline rank, and where the time and the memory go."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, path_of
 from autoplan.cost.local_params import local_params_per_rank
 from autoplan.cost.model_states import state_bytes_per_param
-from autoplan.cost.stage_table import Config, StageTable, build_table
-from autoplan.cost.workload import Workload
+from autoplan.cost.stage_table import Config, StageTable
+from autoplan.cost.tables import build_table
+from autoplan.cost.workload import LayerSplit, Workload, WorkloadFn
 from autoplan.schema import (
     Cluster, Layout, MemoryBreakdown, ModelSpec, Predicted, Stage, TimeBreakdown, TrainingSetup,
 )
+from autoplan.schema.schedule import stage_rank
 
 GIB = 2**30
-WorkloadFn = Callable[[int, int, bool, int], Workload]
-"""(micro_batch_size, tp, sequence_parallel, cp) -> per-layer costs; analytic or from a profile."""
 
 
 def config_of(layout: Layout) -> Config:
     return Config(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(Config)})
 
 
+def split_of(config: Config) -> LayerSplit:
+    """The per-layer split of a configuration: what its workload is built for."""
+    return LayerSplit(micro_batch_size=config.micro_batch_size, tp=config.tp,
+                      sequence_parallel=config.sequence_parallel, cp=config.cp)
+
+
 def shapes_of(layout: Layout) -> tuple[StageShape, ...]:
     return tuple(StageShape(s.num_layers, len(s.selective_recompute), len(s.full_recompute)) for s in layout.stages)
 
 
-def stages_from_shapes(shapes: tuple[StageShape, ...], pp: int) -> tuple[Stage, ...]:
+def stages_from_shapes(shapes: tuple[StageShape, ...], config: Config) -> tuple[Stage, ...]:
     """Concrete layer ranges; within a stage the first layers recompute fully, the next selectively."""
     stages, first = [], 0
     for i, shape in enumerate(shapes):
         full = tuple(range(first, first + shape.full))
         selective = tuple(range(first + shape.full, first + shape.full + shape.selective))
-        stages.append(Stage(index=i, rank=i % pp, layers=(first, first + shape.layers), full_recompute=full,
-                            selective_recompute=selective))
+        stages.append(Stage(index=i, rank=stage_rank(config.schedule, i, config.pp),
+                            layers=(first, first + shape.layers), full_recompute=full, selective_recompute=selective))
         first += shape.layers
     return tuple(stages)
 
 
 def layout_of(config: Config, shapes: tuple[StageShape, ...]) -> Layout:
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(Config)}
-    return Layout(**fields, stages=stages_from_shapes(shapes, config.pp))
+    return Layout(**fields, stages=stages_from_shapes(shapes, config))
 
 
 def estimate_layout(workload_fn: WorkloadFn, cluster: Cluster, training: TrainingSetup,
                     layout: Layout) -> tuple[Predicted, Evaluation, StageTable]:
     config = config_of(layout)
-    workload = workload_fn(layout.micro_batch_size, layout.tp, layout.sequence_parallel, layout.cp)
+    workload = workload_fn(split_of(config))
     table = build_table(workload, cluster, training, config)
     shapes = shapes_of(layout)
     evaluation = evaluate(table, shapes)
@@ -59,11 +64,11 @@ def predict(workload: Workload, cluster: Cluster, training: TrainingSetup, table
             shapes: tuple[StageShape, ...], evaluation: Evaluation) -> Predicted:
     c = table.config
     step_s = evaluation.step_ns * 1e-9
-    n_devices = c.tp * c.cp * c.pp * c.dp
+    n_devices = c.dims.world_size
     microbatches_total = training.global_batch_size // c.micro_batch_size
     w = workload
     # a layer's FLOPs are one device's: the TP shard of the cp-th part of the sequence
-    per_microbatch = c.tp * c.cp * microbatches_total
+    per_microbatch = w.split.dims.world_size * microbatches_total
     model_flops = 3 * (w.num_layers * w.block.fwd_flops + w.head.fwd_flops) * per_microbatch
     sel = sum(s.selective for s in shapes)
     full = sum(s.full for s in shapes)
@@ -94,7 +99,7 @@ def with_local_params(predicted: Predicted, model: ModelSpec, layout: Layout, tr
 def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], ev: Evaluation) -> TimeBreakdown:
     """Where the critical rank's step goes; ``bubble_s`` is what its busy time and transfers leave idle."""
     r, m = ev.critical_rank, t.config.num_microbatches
-    share = t.share  # a CPU host's co-running ranks stretch compute (cost/host_terms.py)
+    share = t.share  # the host's slow-downs on compute (1 on GPUs; cost/host_model.py)
     compute = recompute = tp_comm = cp_comm = 0.0
     for s in t.stages_of(r):
         n, sh = shapes[s].layers, shapes[s]

@@ -8,9 +8,8 @@ and the optimizer step and the loss's all-reduces come after it on every rank. S
 max over ranks (pipeline end + exposed reduction + tied exchange) + max over ranks (after-sync work),
 not the largest single rank's sum: a last stage that finishes its pipeline early still starts its
 optimizer step only when the first stage has reduced its gradients. The two forms differ only where the
-ranks' after-sync work differs (stages of unequal size); on the shipped CPU plans they agree within 0.2%.
-``autoplan run --timeline`` shows the waits: on gpt-tiny pp2 dp2 gpipe with one micro-batch per replica
-the ranks' end-of-step all-reduces waited 7-14 ms for the slowest rank."""
+ranks' after-sync work differs (stages of unequal size). ``autoplan run --timeline`` shows the waits (the
+end-of-step all-reduces of the ranks that finished early)."""
 
 from __future__ import annotations
 

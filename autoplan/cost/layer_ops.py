@@ -22,14 +22,17 @@ Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
 * attention core under context parallelism (cp > 1): torch's ring attention, cost/context_parallel.py: each
   rank runs 1/cp of the causal work as cp fused kernels on its s/cp queries, and the ring's K/V exchange
   shows where the kernels cannot hide it.
-* memory-bound (element-wise) work between the GEMMs: the fused bytes given, backward
-  BACKWARD_MEMORY_FACTOR x; on a device the runtime runs eagerly (``runs_eager``: a calibrated CPU) the
-  bytes its eager ops move, counted forward and backward (``LayerOps.eager_bytes``);
-  without gradient-accumulation fusion the backward also adds each weight gradient into the fp32 buffer
-  (read the gradient, read and write the buffer: e + 8 bytes per parameter, every micro-batch).
+* memory-bound (element-wise) work between the GEMMs, as the stack runs it (schema/stack.py
+  ``elementwise``): fused kernels move the fused bytes given, backward BACKWARD_MEMORY_FACTOR x; an eager
+  stack moves the bytes its eager ops move, counted forward and backward (``LayerOps.eager_bytes``, where
+  the layer's source counted them); without gradient-accumulation fusion the backward also adds each
+  weight gradient into the fp32 buffer (read the gradient, read and write the buffer: e + 8 bytes per
+  parameter, every micro-batch).
 * host time (``HostOps`` priced by the device's host fields, schema/hardware.py; 0 on GPUs): the layer's
   eager ops and views forward and backward, and under TP the extra DTensor work of each parallelised
   module. Recomputation reruns it with the forward it reruns.
+* collectives on the layer's own groups: TP on the ``tp`` group, the CP ring on the ``cp`` group, each on
+  the link its span crosses (``ParallelDims.span``, cost/comm.py).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from autoplan.cost.activations import SavedBytes
 from autoplan.cost.comm import Collective, collective_time_s, group_link
 from autoplan.cost.context_parallel import RingExchange, ring_exposed_s
 from autoplan.cost.compute import flash_attention_time_s, matmul_time_s, memory_time_s
-from autoplan.schema import Cluster, DeviceProfile, TrainingSetup
+from autoplan.schema import Cluster, ParallelDims, StackProfile, TrainingSetup
 
 # Backward runs two GEMMs (input and weight gradient) per forward GEMM: "backward = 2 x forward".
 BACKWARD_FACTOR = 2.0
@@ -217,14 +220,9 @@ class LayerCost:
     tp_param_tensors: int = 0
     """Of those, the ones TP turns into DTensors (all of them are DTensors under FSDP2 / replicate)."""
 
-    @property
-    def full_extra_s(self) -> float:
-        """Full recomputation reruns the whole forward, its TP collectives and ring exchange included."""
-        return self.fwd_s + self.tp_fwd_s + self.cp_fwd_s
-
 
 @dataclass(frozen=True)
-class LayerTimes:
+class KernelTimes:
     """A layer's kernel times, the pieces ``layer_cost`` sums (kept apart for reports and tests)."""
 
     gemm_fwd_s: float
@@ -237,14 +235,7 @@ class LayerTimes:
     host_bwd_s: float = 0.0
 
 
-def runs_eager(device: DeviceProfile) -> bool:
-    """Whether plans on ``device`` are priced as the runtime runs them, op by op: a device with host fields
-    (``autoplan calibrate`` measured its per-op host time, a CPU) is one the runtime's eager layers ran on
-    when it was calibrated. GPU profiles describe published runs, with fused element-wise kernels."""
-    return device.host_op_us > 0
-
-
-def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> LayerTimes:
+def kernel_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: StackProfile) -> KernelTimes:
     device, act = cluster.device, training.activation_precision
     e = 4 if act == "fp32" else 2
     gemm_fwd = gemm_bwd = cast_fwd = cast_bwd = 0.0
@@ -263,7 +254,7 @@ def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> Lay
         attn_fwd, attn_bwd = _attention_times(ops.attention, cluster, training)
     casts = sum(g.count for g in ops.gemms if g.fp8) if training.precision == "fp8" else 0
     fwd_bytes, bwd_bytes = ops.elementwise_bytes, BACKWARD_MEMORY_FACTOR * ops.elementwise_bytes
-    if ops.eager_bytes is not None and runs_eager(device):
+    if ops.eager_bytes is not None and stack.elementwise == "eager":
         fwd_bytes, bwd_bytes = ops.eager_bytes
     elem_fwd = memory_time_s(fwd_bytes + cast_fwd, device, ops.elementwise_kernels + 2 * casts)
     accumulate = 0.0 if training.grad_accumulation_fusion else ops.params * (e + 8)
@@ -274,7 +265,7 @@ def layer_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup) -> Lay
     host = ops.host
     host_fwd = (host.fwd_ops * device.host_op_us + host.fwd_views * device.host_view_op_us) * 1e-6
     host_bwd = (host.bwd_ops * device.host_backward_op_us + host.bwd_views * device.host_backward_view_op_us) * 1e-6
-    return LayerTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd, host_fwd, host_bwd)
+    return KernelTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd, host_fwd, host_bwd)
 
 
 def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSetup) -> tuple[float, float]:
@@ -299,15 +290,17 @@ def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSe
     return fwd, BACKWARD_FACTOR * fwd
 
 
-def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, tp: int) -> LayerCost:
-    """The one builder: ``LayerOps`` -> ``LayerCost`` on ``cluster`` (TP collectives on its TP group link,
-    the ring of context parallelism on its CP group's: ``ring.cp`` ranks at stride ``tp``, plan.py)."""
-    t = layer_times(ops, cluster, training)
+def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: StackProfile,
+               dims: ParallelDims) -> LayerCost:
+    """The one builder: ``LayerOps`` -> ``LayerCost`` on ``cluster`` as ``stack`` runs it (TP collectives on
+    the link of ``dims``' TP group, the ring of context parallelism on its CP group's)."""
+    t = kernel_times(ops, cluster, training, stack)
+    tp = dims.tp
     cp_fwd = cp_bwd = 0.0
     if ops.ring is not None and ops.ring.cp > 1:
-        link = group_link(cluster, ops.ring.cp, tp)
+        link = group_link(cluster, dims.span("cp"))
         cp_fwd, cp_bwd = ring_exposed_s(ops.ring, t.attention_fwd_s, t.attention_bwd_s, link)
-    link = group_link(cluster, tp, 1, tensor_parallel=True)
+    link = group_link(cluster, dims.span("tp"), tensor_parallel=True)
     tp_fwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_fwd) if tp > 1 else 0.0
     tp_bwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_bwd) if tp > 1 else 0.0
     standard = ops.attention is not None and training.attention == "standard"

@@ -67,7 +67,7 @@ class LayoutTerms:
         self.capacity_scaled = PERMILLE * t.capacity_bytes
         self.p2p = list(t.p2p_ns)
         self.late_receive = t.late_receive_ns
-        shapes = _schedule_shapes(t.orders, t.config.pp, S)
+        shapes = _schedule_shapes(t.orders, tuple(tuple(t.stages_of(r)) for r in range(t.config.pp)))
         dp = t.config.dp_cp  # the ranks gradients are reduced over
         gather_latency = t.gather_latency_ns if dp > 1 and t.config.zero_stage in (1, 2) else 0
         self.memo: dict = {}
@@ -145,7 +145,7 @@ class LayoutTerms:
 _SHAPES: dict[int, tuple[RankOrders, list]] = {}
 
 
-def _schedule_shapes(orders: RankOrders, pp: int, num_stages: int) -> list:
+def _schedule_shapes(orders: RankOrders, stages_by_rank: tuple[tuple[int, ...], ...]) -> list:
     """Per rank: its stages, its memory peaks as counts per stage, the stages of its first and last
     action. Depends on the action lists only, so configurations sharing a schedule share it."""
     cached = _SHAPES.get(id(orders))
@@ -153,8 +153,7 @@ def _schedule_shapes(orders: RankOrders, pp: int, num_stages: int) -> list:
         return cached[1]
     peaks = inflight_peaks(orders)
     shapes = []
-    for r in range(pp):
-        stages = tuple(range(r, num_stages, pp))
+    for r, stages in enumerate(stages_by_rank):
         shapes.append((stages, tuple(tuple(vec.get(s, 0) for s in stages) for vec in peaks[r]),
                        orders[r][0].stage, orders[r][-1].stage))
     if len(_SHAPES) > 4096:

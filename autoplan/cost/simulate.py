@@ -31,6 +31,8 @@ from autoplan.schema.schedule import Action, RankOrders
 class Timeline:
     actions: list[Action]
     """Every action once, in an order that respects all dependencies; the arrays below follow it."""
+    ranks: list[int]
+    """The pipeline rank that runs each action."""
     start: list[float]
     end: list[float]
     binding: list[tuple[int, bool] | None]
@@ -41,7 +43,7 @@ class Timeline:
     last_index: dict[int, int]
 
     def busy(self, rank: int) -> float:
-        return sum(self.end[i] - self.start[i] for i, a in enumerate(self.actions) if a.stage % len(self.rank_end) == rank)
+        return sum(self.end[i] - self.start[i] for i, r in enumerate(self.ranks) if r == rank)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Compiled:
     of stage s, slot num_stages + s its backward."""
 
     actions: list[Action]
+    ranks: list[int]
     rows: list[tuple[int, int, int, int, int, int]]
     last_index: dict[int, int]
 
@@ -89,7 +92,7 @@ def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: 
         end[i] = ready + durations[slot]
         binding[i] = why
     rank_end = {r: end[i] for r, i in g.last_index.items()}
-    return Timeline(g.actions, start, end, binding, rank_end, g.last_index)
+    return Timeline(g.actions, g.ranks, start, end, binding, rank_end, g.last_index)
 
 
 _COMPILED: dict[int, tuple[RankOrders, Compiled]] = {}
@@ -125,6 +128,7 @@ def compiled(orders: RankOrders, num_stages: int) -> Compiled:
         lists[rank] = rows
     index = [-1] * (2 * num_stages * span) + [0]  # the last entry answers for id -1: always "done"
     actions: list[Action] = []
+    ranks: list[int] = []
     out: list[tuple[int, int, int, int, int, int]] = []
     cursor = {r: 0 for r in orders}
     last = {r: -1 for r in orders}
@@ -142,6 +146,7 @@ def compiled(orders: RankOrders, num_stages: int) -> Compiled:
                 out.append((previous, index[d1] if d1 >= 0 else -1, e1 if d1 >= 0 else -1,
                             index[d2] if d2 >= 0 else -1, e2, slot))
                 actions.append(action)
+                ranks.append(rank)
                 previous = i
                 c += 1
             if c > cursor[rank]:
@@ -151,7 +156,7 @@ def compiled(orders: RankOrders, num_stages: int) -> Compiled:
         if not progressed:
             stuck = {r: str(a[cursor[r]]) for r, a in orders.items() if cursor[r] < len(a)}
             raise RuntimeError(f"pipeline schedule deadlocks; next actions per rank: {stuck}")
-    result = Compiled(actions, out, {r: last[r] for r, acts in orders.items() if acts})
+    result = Compiled(actions, ranks, out, {r: last[r] for r, acts in orders.items() if acts})
     if len(_COMPILED) > 4096:
         _COMPILED.clear()
     _COMPILED[id(orders)] = (orders, result)

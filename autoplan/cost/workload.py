@@ -1,10 +1,11 @@
 """Per-layer costs for one micro-batch on one device: the single input the pipeline cost model reads.
 
 A ``Workload`` is built in one place, ``build_workload``, from the ``LayerOps`` of the embedding, one block
-and the head (cost/layer_ops.py prices them). Two sources describe those layers: ``analytic_workload``
-below, from a ModelSpec (cost/analytic_ops.py), and the profiler's adapter, from a traced model profile
-(``autoplan profile``). Everything downstream (memory, pipeline simulation, search) sees only
-``Workload``, so a profiled model is planned exactly like a built-in one.
+and the head (cost/layer_ops.py prices them on a cluster, as a stack runs them). Two sources describe those
+layers: a ModelSpec (cost/analytic_ops.py, ``analytic_workload``) and a traced model profile
+(cost/profile_ops.py, ``profile_workload``); cost/model_workload.py picks one for whatever the user named.
+Everything downstream (memory, pipeline simulation, search) sees only ``Workload``, so a profiled model is
+planned exactly like a built-in one.
 
 The planner treats the transformer blocks as identical (one ``block`` cost): stage boundaries and
 recomputation counts are then all that distinguishes stages.
@@ -13,21 +14,18 @@ recomputation counts are then all that distinguishes stages.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from autoplan.cost import activations as act
-from autoplan.cost.analytic_ops import block_ops, embedding_ops, head_ops
 from autoplan.cost.layer_ops import BACKWARD_FACTOR, LayerCost, LayerOps, layer_cost
-from autoplan.schema import Cluster, ModelSpec, TrainingSetup
+from autoplan.cost.split import LayerSplit
+from autoplan.schema import Cluster, StackProfile, TrainingSetup
 
-__all__ = ["BACKWARD_FACTOR", "LayerCost", "Workload", "analytic_workload", "build_workload"]
+__all__ = ["BACKWARD_FACTOR", "LayerCost", "LayerSplit", "Workload", "WorkloadFn", "build_workload"]
 
 
 @dataclass(frozen=True)
 class Workload:
-    micro_batch_size: int
-    seq_len: int
-    tp: int
-    sequence_parallel: bool
+    split: LayerSplit
     num_layers: int
     embedding: LayerCost
     block: LayerCost
@@ -38,37 +36,22 @@ class Workload:
     """Activation bytes a stage sends to the next, per micro-batch."""
     logits_transient_bytes: float
     """Peak working memory of the loss on the last stage (logits and their gradient)."""
-    cp: int = 1
-    """Context-parallel ranks: each layer's costs are those of one rank holding s / cp of every sequence."""
     ring_transient_bytes: float = 0.0
     """Working memory of one block's ring attention (cost/context_parallel.py), on every rank; 0 without cp."""
 
 
-def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_layers: int, micro_batch_size: int,
-                   tp: int, sp: bool, cluster: Cluster, training: TrainingSetup, tied_copy_params: float,
-                   output_bytes: float, logits_transient_bytes: float, cp: int = 1) -> Workload:
-    """The one way to a Workload: each layer's ops priced by ``layer_cost`` on ``cluster``."""
+WorkloadFn = Callable[[LayerSplit], Workload]
+"""A model's per-layer costs for each split; analytic (from a spec) or from a profile."""
+
+
+def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_layers: int, split: LayerSplit,
+                   cluster: Cluster, training: TrainingSetup, stack: StackProfile, tied_copy_params: float,
+                   output_bytes: float, logits_transient_bytes: float) -> Workload:
+    """The one way to a Workload: each layer's ops priced by ``layer_cost`` on ``cluster`` under ``stack``."""
     def cost(ops: LayerOps) -> LayerCost:
-        return layer_cost(ops, cluster, training, tp)
+        return layer_cost(ops, cluster, training, stack, split.dims)
 
-    return Workload(micro_batch_size=micro_batch_size, seq_len=training.seq_len, tp=tp, sequence_parallel=sp,
-                    num_layers=num_layers, embedding=cost(embedding), block=cost(block), head=cost(head),
+    return Workload(split=split, num_layers=num_layers, embedding=cost(embedding), block=cost(block), head=cost(head),
                     tied_copy_params=tied_copy_params, output_bytes=output_bytes,
-                    logits_transient_bytes=logits_transient_bytes, cp=cp,
+                    logits_transient_bytes=logits_transient_bytes,
                     ring_transient_bytes=block.ring.transient_bytes if block.ring is not None else 0.0)
-
-
-def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetup, micro_batch_size: int,
-                      tp: int, sp: bool, cp: int = 1) -> Workload:
-    b, s = micro_batch_size, training.seq_len
-    e = act.elem_bytes(training.activation_precision)
-    vocab = model.padded_vocab_size(tp)
-    return build_workload(
-        embedding_ops(model, b, s, tp, sp, e, cp),
-        block_ops(model, b, s, tp, sp, e, training.attention, cp, per_module_input_grads=cluster.shares_cores),
-        head_ops(model, b, s, tp, sp, e, cp), num_layers=model.num_layers, micro_batch_size=b, tp=tp, sp=sp,
-        cluster=cluster, training=training,
-        tied_copy_params=vocab * model.hidden_size / tp if model.tie_embeddings else 0.0,
-        output_bytes=act.stage_output_bytes(model, b, s, tp, sp, e) / cp,
-        logits_transient_bytes=act.logits_transient_bytes(b, s, tp, e, vocab) / cp, cp=cp,
-    )

@@ -51,7 +51,7 @@ def simulated_trace(sim: SimulatedStep) -> dict[str, Any]:
     transfers: dict[int, list[tuple[float, float, dict]]] = {r: [] for r in range(pp)}
     index = {a: i for i, a in enumerate(tl.actions)}
     for i, a in enumerate(tl.actions):
-        rank, start, end = a.stage % pp, tl.start[i] / _NS_PER_US, tl.end[i] / _NS_PER_US
+        rank, start, end = tl.ranks[i], tl.start[i] / _NS_PER_US, tl.end[i] / _NS_PER_US
         args = {"stage": a.stage, "microbatch": a.microbatch, "action": str(a)}
         events.append(slice_event(FORWARD if a.kind == "F" else BACKWARD, rank, SCHEDULE_THREAD, start, end,
                                   "compute", args))

@@ -9,7 +9,7 @@ profiler slows the steps it records). Peak memory per rank is the highest over t
 CPU the profiler's buffers sit in the measured heap). Relative error = (predicted - measured) / measured
 (autoplan.schema.trace.relative_error, as in the run's summary line). A CPU run also reports the host's
 speed against its calibration (a fixed GEMM and eager op timed after each step, runtime/train/speed_probe.py)
-and the plan re-evaluated at that speed (autoplan/cost/host_speed.py), beside the raw prediction: a shared
+and the plan re-evaluated at that speed (autoplan/cost/cpu_host/host_speed.py), beside the raw prediction: a shared
 host drifts by tens of percent within minutes.
 The time split sets the cost model's ``TimeBreakdown`` of its critical pipeline rank against the mean of
 the traced steps of that rank's first replica (dp 0, tp 0); terms as in autoplan/schema/trace.py. The
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoplan.cli.common import workload_fn
-from autoplan.cost.host_speed import at_host_speed
+from autoplan.cost.cpu_host.host_speed import at_host_speed
 from autoplan.errors import SpecError
 from autoplan.report.simulated import SimulatedStep, simulate_plan, terms_of
 from autoplan.report.tables import layout_label, render
@@ -107,8 +106,11 @@ def read_measured_trace(path: str | Path) -> dict[str, Any]:
 def comparison(sim: SimulatedStep, run: MeasuredRun, trace: dict[str, Any] | None) -> dict[str, Any]:
     """Everything ``compare --json`` prints."""
     plan, predicted = sim.plan, sim.predicted
-    ranks_per_stage = plan.tp * plan.cp * plan.dp
-    memory = [{"rank": r, "pp_rank": r // ranks_per_stage, "predicted_gib": sim.memory_per_rank[r // ranks_per_stage].total_gib,
+    dims = plan.dims
+    if run.peak_gib_per_rank and len(run.peak_gib_per_rank) != dims.world_size:
+        raise SpecError(f"peak_memory_gib_per_rank: {len(run.peak_gib_per_rank)} values in the metrics, the plan has "
+                        f"{dims.world_size} ranks; compare the metrics with the plan they were run with")
+    memory = [{"rank": r, "pp_rank": dims.coords(r).pp, "predicted_gib": sim.memory_per_rank[dims.coords(r).pp].total_gib,
                "measured_gib": g} for r, g in enumerate(run.peak_gib_per_rank)]
     for m in memory:
         m["rel_error"] = relative_error(m["predicted_gib"], m["measured_gib"])
@@ -138,7 +140,7 @@ def comparison(sim: SimulatedStep, run: MeasuredRun, trace: dict[str, Any] | Non
 
 def _at_host_speed(plan: Plan, run: MeasuredRun) -> dict[str, Any]:
     """The host's speed over the steps the medians use (runtime/train/speed_probe.py, probed after each
-    step) and the plan re-evaluated on the cluster at that speed (autoplan/cost/host_speed.py). None
+    step) and the plan re-evaluated on the cluster at that speed (autoplan/cost/cpu_host/host_speed.py). None
     where the calibration or the run has no probes (GPUs, older files)."""
     d = plan.cluster.device
     speed = host_speed(d.probe_gemm_us, d.probe_op_us, run.used)
@@ -146,7 +148,7 @@ def _at_host_speed(plan: Plan, run: MeasuredRun) -> dict[str, Any]:
         return {"host_speed": None, "speed_adjusted_predicted_step_time_s": None,
                 "speed_adjusted_step_time_rel_error": None}
     slower = dataclasses.replace(plan, cluster=at_host_speed(plan.cluster, speed))
-    adjusted = simulate_plan(slower, workload_fn(slower.model, slower.cluster, slower.training)).step_s
+    adjusted = simulate_plan(slower).step_s
     return {"host_speed": {"kernel": speed.kernel, "host": speed.host},
             "speed_adjusted_predicted_step_time_s": adjusted,
             "speed_adjusted_step_time_rel_error": relative_error(adjusted, run.step_time_s)}

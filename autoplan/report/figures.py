@@ -71,7 +71,7 @@ def _draw_gantt(ax, sim: SimulatedStep, Patch) -> None:
     several = sim.plan.virtual_stages > 1
     edge = 0.5 if len(tl.actions) <= 64 * pp else 0.0  # white separators hide hundreds of narrow bars
     for i, a in enumerate(tl.actions):
-        row, start, width = a.stage % pp, tl.start[i] * 1e-9 * scale, (tl.end[i] - tl.start[i]) * 1e-9 * scale
+        row, start, width = tl.ranks[i], tl.start[i] * 1e-9 * scale, (tl.end[i] - tl.start[i]) * 1e-9 * scale
         kind = "forward" if a.kind == "F" else "backward"
         ax.barh(row, width, left=start, height=0.8, color=COLOURS[kind], edgecolor="white", linewidth=edge)
         recompute = sim.recompute_ns(a.stage) * 1e-9 * scale if a.kind == "B" else 0.0

@@ -14,7 +14,6 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from autoplan.cli.common import workload_fn
 from autoplan.report.compare import measured_run, read_metrics
 from autoplan.report.simulated import simulate_plan
 from autoplan.schema import Cluster, Plan, load_plan
@@ -37,7 +36,7 @@ def _errors(runs: list[tuple[str, Plan, float]], cluster: Cluster, factor: float
     for _, plan, measured in runs:
         p = dataclasses.replace(plan, cluster=dataclasses.replace(c, devices_per_node=plan.cluster.devices_per_node,
                                                                  num_nodes=plan.cluster.num_nodes))
-        sim = simulate_plan(p, workload_fn(p.model, p.cluster, p.training))
+        sim = simulate_plan(p)
         out.append((sim.step_s - measured) / measured)
     return out
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from autoplan.cost.estimate import WorkloadFn, config_of, memory_breakdown, predict, shapes_of, time_breakdown
+from autoplan.cost.estimate import config_of, memory_breakdown, predict, shapes_of, split_of, time_breakdown
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate
-from autoplan.cost.stage_table import StageTable, build_table
+from autoplan.cost.model_workload import workload_fn as model_workload_fn
+from autoplan.cost.stage_table import StageTable
+from autoplan.cost.tables import build_table
+from autoplan.cost.workload import WorkloadFn
 from autoplan.schema import MemoryBreakdown, Plan, Predicted, TimeBreakdown
 
 
@@ -62,11 +65,14 @@ class SimulatedStep:
         return slices
 
 
-def simulate_plan(plan: Plan, workload_fn: WorkloadFn) -> SimulatedStep:
-    """The cost model's verdict on the plan's layout (estimate_layout's steps, keeping the pieces)."""
+def simulate_plan(plan: Plan, workload_fn: WorkloadFn | None = None) -> SimulatedStep:
+    """The cost model's verdict on the plan's layout (estimate_layout's steps, keeping the pieces);
+    ``workload_fn`` defaults to the plan's own model on its cluster."""
     layout = plan.layout()
-    workload = workload_fn(layout.micro_batch_size, layout.tp, layout.sequence_parallel, layout.cp)
-    table = build_table(workload, plan.cluster, plan.training, config_of(layout))
+    fn = workload_fn or model_workload_fn(plan.model, plan.cluster, plan.training)
+    config = config_of(layout)
+    workload = fn(split_of(config))
+    table = build_table(workload, plan.cluster, plan.training, config)
     shapes = shapes_of(layout)
     ev = evaluate(table, shapes)
     predicted = predict(workload, plan.cluster, plan.training, table, shapes, ev)

@@ -12,13 +12,12 @@ def draw_timeline(evaluation: Evaluation, recomputing_stages: set[int], width: i
     step = max(tl.rank_end.values()) or 1.0
     ranks = sorted(tl.rank_end)
     rows = {r: ["."] * width for r in ranks}
-    pp = len(ranks)
     for i, action in enumerate(tl.actions):
         first = int(tl.start[i] / step * width)
         last = max(first + 1, int(tl.end[i] / step * width))
         mark = action.kind if action.kind == "F" or action.stage not in recomputing_stages else "r"
         for x in range(first, min(last, width)):
-            rows[action.stage % pp][x] = mark
+            rows[tl.ranks[i]][x] = mark
     scale = f"0 s{' ' * (width - 12)}{step * 1e-9:8.3f} s"
     legend = (f"legend: F forward, B backward, r backward that recomputes, . idle (bubble, or waiting for a "
               f"transfer)\n        one column = {step * 1e-6 / width:.3g} ms; the step ends with the data-parallel "

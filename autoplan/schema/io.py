@@ -12,11 +12,12 @@ from autoplan.schema.cluster import Cluster
 from autoplan.schema.hardware import DeviceProfile
 from autoplan.schema.model import ModelSpec
 from autoplan.schema.plan import PLAN_KEY_ORDER, Plan
+from autoplan.schema.stack import StackProfile
 from profiles import PROFILES_DIR
 
 
 def shipped_names(kind: str) -> list[str]:
-    """Names of the shipped profiles of one kind ("models", "hardware", "clusters")."""
+    """Names of the shipped profiles of one kind ("models", "hardware", "clusters", "stacks")."""
     return sorted(p.stem for p in (PROFILES_DIR / kind).glob("*.yaml"))
 
 
@@ -40,6 +41,10 @@ def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
 
 def load_device(name_or_path: str | os.PathLike) -> DeviceProfile:
     return load_yaml(DeviceProfile, resolve("hardware", name_or_path))
+
+
+def load_stack(name_or_path: str | os.PathLike) -> StackProfile:
+    return load_yaml(StackProfile, resolve("stacks", name_or_path))
 
 
 def load_cluster(name_or_path: str | os.PathLike) -> Cluster:
@@ -75,5 +80,6 @@ def load_plan(path: str | os.PathLike) -> Plan:
     return load_yaml(Plan, path)
 
 
-__all__ = ["dump_plan", "dump_yaml", "load_cluster", "load_device", "load_model", "load_plan", "plan_to_dict",
+__all__ = ["dump_plan", "dump_yaml", "load_cluster", "load_device", "load_model", "load_plan", "load_stack",
+           "plan_to_dict",
            "resolve", "shipped_names"]

@@ -5,11 +5,13 @@ setup it was made for, so ``autoplan run plan.yaml`` needs nothing else.
 
 Naming: a *stage* is a contiguous run of transformer layers, one model chunk. With the interleaved
 schedule each pipeline *rank* holds ``virtual_stages`` stages: stage ``i`` runs on rank ``i % pp`` (the
-looped placement of Narayanan et al. 2021 and of torch's ScheduleInterleaved1F1B). Stage 0 also holds the
+looped placement of Narayanan et al. 2021 and of torch's ScheduleInterleaved1F1B; ``stage_rank`` in
+schema/schedule.py decides it). Stage 0 also holds the
 embedding, the last stage also holds the final norm and the output projection ("head"). ``layers`` is a
 half-open range ``[first, stop)`` of block indices.
 
-Rank order (what the cost model assumes and the runtime builds): tp fastest, then cp, then dp, then pp:
+Rank order (what the cost model assumes and the runtime builds; ``ParallelDims`` in
+schema/parallel_dims.py owns it and every group derived from it): tp fastest, then cp, then dp, then pp:
 
     global_rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)),   world = tp * cp * dp * pp
 
@@ -30,6 +32,8 @@ from autoplan.schema._io import require, require_range
 from autoplan.schema.cluster import Cluster
 from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_LAYERS
 from autoplan.schema.model import ModelSpec
+from autoplan.schema.parallel_dims import ParallelDims
+from autoplan.schema.schedule import stage_rank
 from autoplan.schema.training import TrainingSetup
 
 SCHEMA_VERSION = 1
@@ -110,11 +114,18 @@ class ParallelConfig:
         return self.pp * self.virtual_stages
 
     @property
+    def dims(self) -> ParallelDims:
+        """The parallel sizes with their rank order, groups and nodes (schema/parallel_dims.py)."""
+        return ParallelDims.of(self)
+
+    @property
     def dp_cp(self) -> int:
-        """Ranks holding the same parameters (one pipeline rank, one TP shard): dp x cp. Gradients are
-        averaged and ZeRO shards over them, as torchtitan shards FSDP over its dp_shard_cp mesh: CP ranks
-        hold the same weights and see different tokens, exactly like data-parallel replicas."""
-        return self.dp * self.cp
+        """Ranks holding the same parameters (one pipeline rank, one TP shard): dp x cp (``ParallelDims``)."""
+        return self.dims.dp_cp
+
+    @property
+    def world_size(self) -> int:
+        return self.dims.world_size
 
 
 def parallel_dimensions() -> tuple[dataclasses.Field, ...]:
@@ -127,10 +138,6 @@ class Layout(ParallelConfig):
     """How a model is spread over the devices: the part of a plan that the search chooses."""
 
     stages: tuple[Stage, ...]
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.cp * self.pp * self.dp
 
     def validate(self) -> None:
         for name, high in (("tp", MAX_DEVICES_PER_NODE), ("pp", MAX_LAYERS), ("dp", MAX_DEVICES), ("cp", MAX_DEVICES),
@@ -162,7 +169,8 @@ class Layout(ParallelConfig):
         for i, stage in enumerate(self.stages):
             where = f"stages[{i}]"
             require(stage.index == i, f"{where}.index", f"expected {i}")
-            require(stage.rank == i % self.pp, f"{where}.rank", f"stage {i} runs on rank {i % self.pp}")
+            owner = stage_rank(self.schedule, i, self.pp)
+            require(stage.rank == owner, f"{where}.rank", f"stage {i} runs on rank {owner}")
             first, stop = stage.layers
             require(first == start and stop > first, f"{where}.layers",
                     f"expected a non-empty range starting at layer {start}, got [{first}, {stop})")

@@ -40,9 +40,21 @@ class Action:
 RankOrders = dict[int, list[Action]]
 
 
+def stage_rank(schedule: str, stage: int, pp: int) -> int:
+    """The pipeline rank that holds ``stage``. Every schedule here places stages in a loop: stage s on rank
+    s % pp (Narayanan et al. 2021; torch's looped schedules). The one place placement is decided: the
+    plan's checks, the cost model and the runtime's stage builder all ask here."""
+    return stage % pp
+
+
+def stages_of_rank(schedule: str, rank: int, pp: int, virtual_stages: int) -> tuple[int, ...]:
+    """The stages ``rank`` holds, in stage order."""
+    return tuple(s for s in range(pp * virtual_stages) if stage_rank(schedule, s, pp) == rank)
+
+
 @functools.lru_cache(maxsize=4096)
 def build_schedule(schedule: str, pp: int, virtual_stages: int, num_microbatches: int) -> RankOrders:
-    """Per-rank compute order for ``schedule`` on ``pp`` ranks; stage ``s`` lives on rank ``s % pp``.
+    """Per-rank compute order for ``schedule`` on ``pp`` ranks; stage ``s`` lives on ``stage_rank``.
 
     Cached: the search asks for the same few schedules thousands of times. Treat the result as read-only.
     """
@@ -109,20 +121,22 @@ def interleaved_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
     return actions
 
 
-def check_schedule(orders: RankOrders, pp: int, num_stages: int, m: int) -> None:
+def check_schedule(orders: RankOrders, schedule: str, pp: int, num_stages: int, m: int) -> None:
     """Schedule rules: each (stage, micro-batch) forward and backward exactly once, on the stage's rank,
     forward before backward on that rank, and micro-batches in order per stage and kind."""
     for rank, actions in orders.items():
         seen = set()
         for a in actions:
-            if a.stage % pp != rank:
-                raise AssertionError(f"rank {rank} runs {a}, which belongs to rank {a.stage % pp}")
+            owner = stage_rank(schedule, a.stage, pp)
+            if owner != rank:
+                raise AssertionError(f"rank {rank} runs {a}, which belongs to rank {owner}")
             if a in seen:
                 raise AssertionError(f"rank {rank} runs {a} twice")
             if a.kind == "B" and Action(a.stage, "F", a.microbatch) not in seen:
                 raise AssertionError(f"rank {rank} runs {a} before its forward")
             seen.add(a)
-        expected = {Action(s, k, i) for s in range(rank, num_stages, pp) for k in "FB" for i in range(m)}
+        expected = {Action(s, k, i) for s in stages_of_rank(schedule, rank, pp, num_stages // pp) for k in "FB"
+                    for i in range(m)}
         if seen != expected:
             missing = sorted(expected - seen)[:3]
             raise AssertionError(f"rank {rank} misses {', '.join(map(str, missing))}")

@@ -30,22 +30,24 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from autoplan.cost.evaluate import StageShape
+from autoplan.cost.host_model import HostModel
 from autoplan.cost.layout_terms import LayoutTerms, RankTerms
 from autoplan.cost.simulate import compiled, rank_ends
 from autoplan.cost.model_states import state_bytes_per_param
-from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable, layer_times
+from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
 from autoplan.cost.workload import Workload
 from autoplan.schema import Cluster, TrainingSetup
 from autoplan.search.recompute import Pin, lower_bound_ns
 
 
-def group_lower_bound_ns(workload: Workload, pp: int, num_microbatches: int,
+def group_lower_bound_ns(workload: Workload, host: HostModel, pp: int, num_microbatches: int,
                          schedules: Sequence[tuple[int, int]]) -> int:
-    """``schedules``: (virtual stages, fewest layers of a stage) of each schedule the group has."""
-    block = layer_times(workload.block)
+    """``schedules``: (virtual stages, fewest layers of a stage) of each schedule the group has; ``host``:
+    the cluster's host model, whose least layer times hold for every configuration of the group."""
+    block = host.least_layer_times(workload.block)
     work = workload.num_layers * (block.fwd_ns + block.bwd_ns)
     for layer in (workload.embedding, workload.head):
-        times = layer_times(layer)
+        times = host.least_layer_times(layer)
         work += times.fwd_ns + times.bwd_ns
     pipeline = min(_pipeline_ns(work, block.fwd_ns + block.bwd_ns, num_microbatches, pp, v, least)
                    for v, least in schedules)

@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from autoplan.cost.estimate import WorkloadFn
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate
 from autoplan.cost.layout_terms import LayoutTerms
-from autoplan.cost.stage_table import Config, StageTable, build_table
-from autoplan.cost.workload import Workload
+from autoplan.cost.stage_table import Config, StageTable
+from autoplan.cost.tables import build_table, host_model
+from autoplan.cost.workload import Workload, WorkloadFn
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup
 from autoplan.search.bounds import (
     config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns,
@@ -126,15 +126,16 @@ class _Run:
         self.t0 = time.perf_counter()
         self.next_report = self.t0 + PROGRESS_INTERVAL_S
         self.reported = False
-        self.workloads: dict[tuple[int, int, bool, int], Workload] = {}
+        self.host = host_model(cluster)
+        self.workloads: dict = {}
         self.states: list[_ConfigState] = []
         self.considered = self.bounded = self.simulated = 0
 
     def workload(self, group: Group) -> Workload:
-        key = (group.micro_batch_size, group.tp, group.sequence_parallel, group.cp)
-        if key not in self.workloads:
-            self.workloads[key] = self.workload_fn(*key)
-        return self.workloads[key]
+        split = group.split
+        if split not in self.workloads:
+            self.workloads[split] = self.workload_fn(split)
+        return self.workloads[split]
 
     def splits(self, config: Config) -> list[tuple[int, ...]]:
         return _splits(self.num_layers, config.num_stages, self.limits.max_edge_trim)
@@ -185,7 +186,7 @@ class _Run:
             if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp_cp, states,
                                  min(least for _, least in shapes)):
                 continue
-            key = group_lower_bound_ns(workload, group.pp, group.num_microbatches, sorted(shapes))
+            key = group_lower_bound_ns(workload, self.host, group.pp, group.num_microbatches, sorted(shapes))
             push(key, _GROUP, group)
         kth = float("inf")  # the K-th best configuration's step time so far
         stopped_at: int | None = None

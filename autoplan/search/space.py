@@ -36,9 +36,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
+from autoplan.cost.profile_ops import allowed_tp_sizes
 from autoplan.cost.stage_table import Config
+from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
-from autoplan.schema import Cluster, ModelSpec, TrainingSetup
+from autoplan.schema import Cluster, ModelSpec, ParallelDims, TrainingSetup
 from autoplan.schema.plan import context_parallel_refusal, parallel_dimensions
 
 # Sizes no cluster or model has; beyond them the planner refuses instead of enumerating. The largest
@@ -84,9 +86,9 @@ class SearchLimits:
     one without splitting them); otherwise pin ``--cp`` to plan one. The long-context regime is what
     context parallelism is for (Llama 3 turned it on for its 128k stage, Dubey et al. 2024, section 3.3.2);
     elsewhere tp, pp and recomputation already fit the activations, and the cp loop multiplies the search's
-    configurations about eight-fold (llama3-70b, 1,024 GPUs, 1024 x 8192: 6,202 -> 47,656 configurations,
-    1.5 -> 2.5 s) for a few per cent (there 6.724 s with cp 2 against 6.806 s without). With too few
-    sequences it pays a lot (llama3-405b on 16,384 GPUs, 1024 x 8192: 2.956 s with cp 4 against 5.317 s)."""
+    configurations about eight-fold for a few per cent of step time (benchmarks/plan_speed.py measures
+    the search). With too few sequences it pays a lot: llama3-405b on 16,384 GPUs with 1,024 sequences
+    gains most of a factor of two from cp 4."""
 
 
 def check_size(model, cluster: Cluster, training: TrainingSetup) -> None:
@@ -138,8 +140,6 @@ def num_layers_of(model) -> int:
 
 def tp_options(model, cluster: Cluster) -> list[int]:
     if not isinstance(model, ModelSpec):  # a profile: the TP sizes its tracer found every block shards at
-        from autoplan.profiler.adapter import allowed_tp_sizes  # torch-free module
-
         return [t for t in divisors(cluster.devices_per_node) if t in allowed_tp_sizes(model)]
     return [t for t in divisors(cluster.devices_per_node)
             if model.num_attention_heads % t == 0 and model.num_kv_heads % t == 0
@@ -173,9 +173,19 @@ class Group:
     cp: int = 1
 
     @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp)
+
+    @property
     def dp_cp(self) -> int:
         """The ranks holding the same parameters (gradients reduced and ZeRO sharded over them)."""
-        return self.dp * self.cp
+        return self.dims.dp_cp
+
+    @property
+    def split(self) -> LayerSplit:
+        """What fixes the per-layer costs (the group's workload)."""
+        return LayerSplit(micro_batch_size=self.micro_batch_size, tp=self.tp,
+                          sequence_parallel=self.sequence_parallel, cp=self.cp)
 
 
 def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
@@ -193,9 +203,10 @@ def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
                 continue
             pps = [pins.pp] if pins.pp is not None else divisors(n // (tp * cp))
             for pp in pps:
-                if n % (tp * cp * pp) or pp > L:
+                dims = ParallelDims.filling(n, pp=pp, cp=cp, tp=tp)
+                if dims is None or pp > L:
                     continue
-                dp = n // (tp * cp * pp)
+                dp = dims.dp
                 if (pins.dp is not None and dp != pins.dp) or gbs % dp:
                     continue
                 per_replica = gbs // dp

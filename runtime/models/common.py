@@ -3,34 +3,33 @@ and the skeleton forward that skips the parts a pipeline stage does not hold."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from runtime.models.dropout import DropoutState, attention_with_dropout
+from runtime.models.dropout import DropoutSite, attention_with_dropout
 
 
-class AttentionCore(nn.Module):
+class AttentionCore(DropoutSite):
     """softmax(q k^T / sqrt(d) + causal mask) v, with dropout on the probabilities.
 
     ``recompute = True`` is selective recomputation (Korthikanti et al. 2022): this core keeps only q, k, v
-    for backward and recomputes scores/softmax/dropout. ``ring_group`` (a CP group) makes it ring attention
-    over sequence shards (runtime/parallel/context_parallel.py). Both are set by the runtime, not the model.
+    for backward and recomputes scores/softmax/dropout. ``ring`` replaces the local kernel by attention
+    over sequence shards (context parallelism sets ring attention there: runtime/parallel/
+    context_parallel.py). Both are set by the runtime, not the model, which knows no process groups.
     """
 
     def __init__(self, dropout: float) -> None:
         super().__init__()
         self.dropout = dropout
         self.recompute = False
-        self.site = 0  # dropout bookkeeping (runtime/models/dropout.py)
-        self.state: DropoutState | None = None
         self.head_shard = (0, 1)
         """(tp_rank, tp): this rank holds heads [tp_rank * h/tp, (tp_rank + 1) * h/tp)."""
-        self.ring_group = None
-        """Context parallelism: the CP group's ProcessGroup; q, k, v then hold this rank's sequence shard."""
+        self.ring: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        """Context parallelism: (q, k, v) -> output, where q, k, v hold this rank's sequence shard."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: [B, h, T, d]; k, v: [B, kv, T, d] with h % kv == 0 (GQA when kv < h)
@@ -39,9 +38,8 @@ class AttentionCore(nn.Module):
         return self._attend(q, k, v)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.ring_group is not None:  # plans with cp > 1 have dropout 0 (autoplan/schema/plan.py)
-            from runtime.parallel.context_parallel import ring_attention
-            return ring_attention(q, k, v, self.ring_group)
+        if self.ring is not None:  # plans with cp > 1 have dropout 0 (autoplan/schema/plan.py)
+            return self.ring(q, k, v)
         p = self.dropout if self.training else 0.0
         if p > 0 and self.state is not None and not q.is_meta:
             return attention_with_dropout(self, q, k, v)

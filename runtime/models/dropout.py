@@ -62,14 +62,23 @@ def site_id(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-class LayoutFreeDropout(nn.Module):
+class DropoutSite(nn.Module):
+    """A module that draws dropout masks: ``site`` (its id, from its name) and ``state`` (the rank's
+    ``DropoutState``, None in a model without one) are what its masks are seeded by. ``assign_sites`` and
+    ``attach`` find every site of a model by this class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.site = 0
+        self.state: DropoutState | None = None
+
+
+class LayoutFreeDropout(DropoutSite):
     """Dropout on hidden states x [B, T_local, H]; ``seq_shard = (index, count)`` under sequence parallel."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
         self.p = p
-        self.site = 0
-        self.state: DropoutState | None = None
         self.seq_shard = (0, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,17 +123,13 @@ def attention_with_dropout(core, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 def assign_sites(model: nn.Module) -> None:
     """Give every dropout site its id from its name; call on a freshly built (full or stage) model."""
-    from runtime.models.common import AttentionCore
-
     for name, module in model.named_modules():
-        if isinstance(module, (LayoutFreeDropout, AttentionCore)):
+        if isinstance(module, DropoutSite):
             module.site = site_id(name)
 
 
 def attach(model: nn.Module, state: DropoutState) -> None:
     """Let every dropout site of ``model`` read ``state`` (one state per rank, shared by its stages)."""
-    from runtime.models.common import AttentionCore
-
     for module in model.modules():
-        if isinstance(module, (LayoutFreeDropout, AttentionCore)):
+        if isinstance(module, DropoutSite):
             module.state = state

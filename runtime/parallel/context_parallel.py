@@ -27,12 +27,16 @@ serial run's, so plans with cp > 1 need dropout 0 (autoplan/schema/plan.py refus
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.profiler import record_function
 from torch.distributed.tensor.experimental._context_parallel._attention import (
     _cp_options, _templated_ring_attention, _templated_ring_attention_backward,
 )
+
+from runtime.models.common import AttentionCore
 
 SEQ_DIM = 2  # q, k, v are [B, heads, T, head_dim]
 RING_LABEL = "autoplan:ring_attention"  # runtime/train/trace_phases.py's RING
@@ -170,11 +174,9 @@ def apply_context_parallel(model: nn.Module, cp_group, positions: torch.Tensor) 
     """Make ``model`` (a full model or a stage) compute on one CP rank's tokens: its attention cores run
     the ring over ``cp_group`` and every module that reads token positions (``positions`` attribute:
     GPT's embedding, Llama's rotary attention) reads the rank's global ``positions``."""
-    from runtime.models.common import AttentionCore
-
     for module in model.modules():
         if isinstance(module, AttentionCore):
-            module.ring_group = cp_group
+            module.ring = functools.partial(ring_attention, group=cp_group)
         elif hasattr(module, "positions"):
             module.positions = positions
 

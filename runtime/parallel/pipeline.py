@@ -1,6 +1,7 @@
 """Pipeline parallelism: the plan's stages, and the plan's own action lists run by torch's interpreter.
 
-Stage ``i`` runs on pipeline rank ``i % pp`` (looped placement) and is built alone (runtime/build.py):
+Stage ``i`` runs on the pipeline rank the plan's schedule places it on (``stage_rank``,
+autoplan/schema/schedule.py) and is built alone (runtime/build.py):
 its blocks keep their global keys ("5"), so its parameter names are the full model's.
 
 One schedule source: the per-rank compute lists come from ``autoplan.schema.schedule.build_schedule``
@@ -14,29 +15,44 @@ reads the same lists from a file); its public GPipe/1F1B classes keep their own 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
-import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
 
+from autoplan.schema import Plan
 from autoplan.schema.schedule import build_schedule
+from runtime.mesh import ParallelMesh
 from runtime.models.dropout import DropoutState
 
 KINDS = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+
+
+@dataclass(frozen=True)
+class DropoutRows:
+    """Where micro-batch ``chunk`` of this replica sits in the global batch, for the dropout state."""
+
+    state: DropoutState
+    micro_batch_size: int
+    replica_first_row: int
+    """Global batch row of this data-parallel replica's first sequence."""
+
+    def at(self, chunk: int) -> None:
+        self.state.first_row = self.replica_first_row + chunk * self.micro_batch_size
 
 
 class KeyedStage(PipelineStage):
     """A PipelineStage that tells the dropout state which micro-batch it is computing, so that masks
     are seeded by global row (runtime/models/dropout.py), also when a backward recomputes a forward."""
 
-    def __init__(self, *args, dropout: DropoutState, micro_batch_size: int, replica_first_row: int, **kwargs):
+    def __init__(self, *args, rows: DropoutRows, **kwargs):
         super().__init__(*args, **kwargs)
-        self.dropout, self.micro_batch_size, self.replica_first_row = dropout, micro_batch_size, replica_first_row
+        self.rows = rows
 
     def _at(self, chunk: int) -> None:
-        self.dropout.first_row = self.replica_first_row + chunk * self.micro_batch_size
+        self.rows.at(chunk)
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         self._at(fwd_chunk_id)
@@ -53,14 +69,15 @@ def torch_actions(schedule: str, pp: int, virtual_stages: int, num_microbatches:
     return {rank: [_Action(a.stage, KINDS[a.kind], a.microbatch) for a in actions] for rank, actions in orders.items()}
 
 
-def build_pipeline(models: list[nn.Module], stage_ids: list[int], num_stages: int, schedule: str, pp: int,
-                   num_microbatches: int, loss_fn: Callable, device: torch.device, pp_group,
-                   dropout: DropoutState, micro_batch_size: int, replica_first_row: int) -> _PipelineScheduleRuntime:
-    """A PipelineStage per local stage model and torch's interpreter loaded with the plan's lists."""
-    stages = [KeyedStage(m, i, num_stages, device, group=pp_group, dropout=dropout, micro_batch_size=micro_batch_size,
-                         replica_first_row=replica_first_row) for m, i in zip(models, stage_ids)]
+def build_pipeline(plan: Plan, stage_models: dict[int, nn.Module], pm: ParallelMesh, loss_fn: Callable,
+                   rows: DropoutRows) -> _PipelineScheduleRuntime:
+    """A PipelineStage per local stage model (``stage_models``: stage index -> its module) on the plan's
+    pipeline group, and torch's interpreter loaded with the plan's lists."""
+    stages = [KeyedStage(m, i, plan.num_stages, pm.device, group=pm.group("pp"), rows=rows)
+              for i, m in stage_models.items()]
     # scale_grads=True: each micro-batch loss is a mean and grads are divided by the micro-batch count,
     # so the step's gradient is the mean over the replica's batch, as in the serial run
-    runtime = _PipelineScheduleRuntime(stages, n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=True)
-    runtime._prepare_schedule_with_comms(torch_actions(schedule, pp, num_stages // pp, num_microbatches))
+    runtime = _PipelineScheduleRuntime(stages, n_microbatches=plan.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    runtime._prepare_schedule_with_comms(torch_actions(plan.schedule, plan.pp, plan.virtual_stages,
+                                                       plan.num_microbatches))
     return runtime

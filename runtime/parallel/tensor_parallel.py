@@ -24,6 +24,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from runtime.models.common import AttentionCore
+from runtime.models.dropout import LayoutFreeDropout
+
 
 def block_plan(block: nn.Module, sp: bool) -> dict:
     """The TP plan of one block (GPT: fc1/fc2; Llama: gate/up/down)."""
@@ -67,9 +70,6 @@ def apply_tp(model: nn.Module, tp_mesh, sp: bool, loss_parallel: bool) -> nn.Mod
 def shard_dropout_sites(model: nn.Module, tp_rank: int, tp: int, sp: bool) -> None:
     """Which part of the global activations this rank's dropout sites see: heads [tp_rank * h/tp, ...)
     in the attention core; under SP, the residual dropouts' sequence shard tp_rank of tp."""
-    from runtime.models.common import AttentionCore
-    from runtime.models.dropout import LayoutFreeDropout
-
     for block in model.blocks.values():
         for module in block.modules():
             if isinstance(module, AttentionCore):

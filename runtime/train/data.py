@@ -60,7 +60,3 @@ def load_tokens(path: str, vocab_size: int, seq_len: int) -> np.ndarray:
         raise SpecError(f"--data: {path}: token id {top} >= model.vocab_size {vocab_size}")
     return tokens
 
-
-def encode_bytes(text: str) -> np.ndarray:
-    """Byte-level tokens of a text (vocab 256), as written to the shipped example."""
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype("<u2")

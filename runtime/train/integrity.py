@@ -22,8 +22,8 @@ from runtime.train.manifest import (
 
 
 def _layout(plan: Plan) -> dict:
-    return {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "zero_stage": plan.zero_stage,
-            "virtual_stages": plan.virtual_stages, "world_size": plan.world_size}
+    return {**plan.dims.as_dict(), "zero_stage": plan.zero_stage, "virtual_stages": plan.virtual_stages,
+            "world_size": plan.world_size}
 
 
 def _share(names: list[str]) -> list[str]:

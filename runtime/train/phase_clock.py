@@ -1,13 +1,13 @@
 """``--timeline FILE``: when each rank's phases of every step began and ended, by the wall clock and by
 the rank's own CPU time, written as one Chrome/Perfetto trace (one process per rank).
 
-Why beside ``--trace``: the profiler records every op, which on a small CPU model doubles the step (gpt-tiny
-pp2 dp2: 146 ms traced against 75 ms untraced), so it cannot show where an untraced step's time goes. A
+Why beside ``--trace``: the profiler records every op, which on a small CPU model can double the step, so
+it cannot show where an untraced step's time goes. A
 phase here costs two clock reads on entry and two on exit (a few microseconds), on every step. And the
 training thread's CPU time beside its wall time tells the two ways a phase is slow apart: CPU well below
 wall is a rank that waited (for a peer, a collective's slowest member) or was preempted by ranks that
 share its cores; CPU near wall is work the rank did itself. That split is what the shared-cores terms of
-the cost model (autoplan/cost/host_terms.py) predict, and it was first measured this way.
+the cost model (autoplan/cost/cpu_host/) predict, and it was first measured this way.
 
 Phases: ``step N`` around each optimizer step; inside it ``forward S M`` / ``backward S M`` (one stage's
 compute of one micro-batch, wrapped on torch's PipelineStage as ``--trace`` labels it, or the single-stage

@@ -1,14 +1,13 @@
 """How fast this CPU host computes right now: two fixed probes, timed between the steps of a run.
 
 Why: a CPU calibration describes the host when ``autoplan calibrate`` ran, and a shared host (a cloud VM
-beside noisy neighbours) does not keep that speed. On the 2-core machine this project is tested on, one
-fixed GPT block took 2.7 ms and, minutes later, 4.4 ms, with no process of ours beside it, and the
-runs' step times moved with it. Nor does everything slow down alike: over one minute a 384^3 GEMM varied
-1.6x and a small eager op 2.1x. A prediction can only be judged against a run made at the speed it
+beside noisy neighbours) does not keep that speed: the same fixed work can take half as long again
+minutes later with no process of ours beside it, and the runs' step times move with it. Nor does
+everything slow down alike: GEMMs and small eager ops drift by different factors. A prediction can only be judged against a run made at the speed it
 assumed, so the calibration records both probes (``DeviceProfile.probe_gemm_us``, ``probe_op_us``), every
 CPU run times them again after each step (about 15 ms, outside the timed step), and ``autoplan compare``
 re-evaluates the plan on the device as it ran (kernel fields scaled by the GEMM probe, host fields by the
-op probe: autoplan/cost/host_speed.py) beside the raw prediction.
+op probe: autoplan/cost/cpu_host/host_speed.py) beside the raw prediction.
 
 Both are kernel-level measurements, never a training step: a [384, 384] x [384, 384] fp32 GEMM (kernel
 speed) and an eager ``add`` on a [4, 64, 64] tensor (dispatch, allocation: host speed), on one thread,

@@ -84,7 +84,7 @@ def _sample_layouts(model, cluster, training) -> list[Layout]:
 
 def generate() -> dict:
     """Every case with today's predictions (see the module doc)."""
-    from autoplan.cli.common import workload_fn
+    from autoplan.cost.model_workload import workload_fn
     from autoplan.cost.estimate import estimate_layout
     from autoplan.search.planner import search
     from autoplan.search.space import Pins

@@ -3,8 +3,8 @@
 import dataclasses
 import random
 
+from autoplan.cost.model_workload import workload_fn
 from autoplan.cost.stage_table import Config
-from autoplan.cost.workload import analytic_workload
 from autoplan.schema import Cluster, Link, ModelSpec, TrainingSetup, load_device
 from autoplan.search.space import Pins
 
@@ -38,4 +38,4 @@ def config(**changes) -> Config:
 
 
 def workload_of(model, cluster, training):
-    return lambda b, t, sp, cp=1: analytic_workload(model, cluster, training, b, t, sp, cp)
+    return workload_fn(model, cluster, training)

@@ -8,7 +8,8 @@ import random
 
 from autoplan.cost.evaluate import StageShape, evaluate
 from autoplan.cost.layout_terms import LayoutTerms
-from autoplan.cost.stage_table import build_table
+from autoplan.cost.estimate import split_of
+from autoplan.cost.tables import build_table, host_model
 from autoplan.search.bounds import (
     config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns,
     layout_lower_bound_ns, simulated_lower_bound_ns, split_lower_bound_ns, states_fit,
@@ -27,7 +28,7 @@ def check_problem(model, cluster, training, pins) -> int:
     workload_fn = workload_of(model, cluster, training)
     compared = 0
     for group in groups(model, cluster, training, pins, limits):
-        workload = workload_fn(group.micro_batch_size, group.tp, group.sequence_parallel)
+        workload = workload_fn(group.split)
         states, schedules = group_choices(group, cluster, pins, model.num_layers, limits)
         if not states or not schedules:
             continue
@@ -78,7 +79,8 @@ def check_problem(model, cluster, training, pins) -> int:
         assert group_can_fit(workload, cluster, training, group.pp, group.dp, states,
                              min(least for _, least in shapes)) or group_best == INF
         if group_best < INF:
-            assert group_lower_bound_ns(workload, group.pp, group.num_microbatches, shapes) <= group_best
+            assert group_lower_bound_ns(workload, host_model(cluster), group.pp, group.num_microbatches,
+                                        shapes) <= group_best
     return compared
 
 
@@ -100,8 +102,7 @@ def test_recompute_bound_is_below_the_exact_choice_and_often_tight():
         pins = dataclasses.replace(pins, recompute=None)
         workload_fn = workload_of(model, cluster, training)
         for config in configs(model, cluster, training, pins):
-            table = build_table(workload_fn(config.micro_batch_size, config.tp, config.sequence_parallel), cluster,
-                                training, config)
+            table = build_table(workload_fn(split_of(config)), cluster, training, config)
             terms = LayoutTerms(table)
             for split in stage_splits(table.num_layers, table.num_stages, 2):
                 for rank in terms.ranks:

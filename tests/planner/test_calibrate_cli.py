@@ -41,7 +41,6 @@ def test_run_refinement_recovers_the_wait_factor_that_generated_the_runs(tmp_pat
     import dataclasses
     import json
 
-    from autoplan.cli.common import workload_fn
     from autoplan.report.refine import refine
     from autoplan.report.simulated import simulate_plan
     from autoplan.schema import load_plan
@@ -54,7 +53,7 @@ def test_run_refinement_recovers_the_wait_factor_that_generated_the_runs(tmp_pat
                      "-o", str(plan_path)]) == 0
         plan = load_plan(plan_path)
         truth = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, collective_wait_factor=3.0))
-        step = simulate_plan(truth, workload_fn(truth.model, truth.cluster, truth.training)).step_s
+        step = simulate_plan(truth).step_s
         metrics.write_text("".join(json.dumps({"step": k, "step_time_s": step, "peak_memory_gib": 0.1}) + "\n"
                                    for k in range(1, 6)))
         pairs.append((str(plan_path), str(metrics)))

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from autoplan.cli.common import workload_fn
 from autoplan.cli.main import main
 from autoplan.report.simulated import simulate_plan, terms_of
 from autoplan.schema import load_plan
@@ -60,7 +59,7 @@ def synthetic_trace(path, sim, extra_s):
 
 def test_compare_json_has_exact_errors_and_the_most_wrong_term(plan_path, tmp_path, capsys):
     plan = load_plan(plan_path)
-    sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
+    sim = simulate_plan(plan)
     metrics = tmp_path / "m.jsonl"
     write_metrics(metrics, synthetic_rows())
     critical = synthetic_trace(tmp_path / "merged.json", sim, {"bubble": 0.02, "compute": -0.05, "other": 0.01})
@@ -131,7 +130,7 @@ def test_compare_re_evaluates_the_plan_at_the_host_speed_the_run_probed(plan_pat
     that cluster is slower than the raw prediction, and exactly what the cost model gives for it."""
     import dataclasses
 
-    from autoplan.cost.host_speed import at_host_speed
+    from autoplan.cost.cpu_host.host_speed import at_host_speed
     from autoplan.schema.io import dump_plan
     from autoplan.schema.trace import HostSpeed, host_speed
 
@@ -157,7 +156,7 @@ def test_compare_re_evaluates_the_plan_at_the_host_speed_the_run_probed(plan_pat
     data = json.loads(capsys.readouterr().out)
     assert data["host_speed"] == pytest.approx({"kernel": 0.8, "host": 0.5})
     slower = dataclasses.replace(plan, cluster=at_host_speed(plan.cluster, HostSpeed(kernel=0.8, host=0.5)))
-    expected = simulate_plan(slower, workload_fn(slower.model, slower.cluster, slower.training)).step_s
+    expected = simulate_plan(slower).step_s
     assert data["speed_adjusted_predicted_step_time_s"] == pytest.approx(expected, rel=1e-12)
     assert data["speed_adjusted_predicted_step_time_s"] > data["predicted_step_time_s"]
     assert data["speed_adjusted_step_time_rel_error"] == pytest.approx((expected - 3.0) / 3.0)

@@ -10,10 +10,11 @@ from autoplan.cli.main import main
 from autoplan.cost.analytic_ops import block_ops
 from autoplan.cost.comm import group_link
 from autoplan.cost.context_parallel import all_gather_time_s, ring_exposed_s
-from autoplan.cost.layer_ops import layer_cost, layer_times
+from autoplan.cost.layer_ops import kernel_times, layer_cost
 from autoplan.cost.model_states import state_bytes_per_param
+from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
-from autoplan.schema import TrainingSetup, load_cluster, load_model, load_plan
+from autoplan.schema import ParallelDims, TrainingSetup, load_cluster, load_model, load_plan, load_stack
 from autoplan.schema.plan import check_context_parallel, context_parallel_refusal
 
 # llama3-8b at 128k tokens: a sequence one device cannot hold, the case context parallelism is for
@@ -37,7 +38,8 @@ def test_ring_kv_exchange_matches_the_hand_formula(setup, tp, cp, crosses_nodes)
     elements and receives (cp - 1) such shards, on NVLink while tp x cp fits the 8-GPU node and on the
     inter-node link (4 NICs of the CP group per node at tp 2) once it does not."""
     model, cluster, training = setup
-    ops = block_ops(model, 1, S, tp, True, E, "flash", cp)
+    stack = load_stack("megatron")
+    ops = block_ops(model, LayerSplit(1, tp, True, cp), training, stack)
     kv_bytes = 2 * (S / cp) * model.kv_size / tp * E  # = 2 x 16384 x 1024 / 2 x 2 at cp 8: 33.5 MB
     assert ops.ring.kv_bytes == kv_bytes
     assert ops.ring.grad_kv_bytes == 2 * kv_bytes  # dK, dV accumulate in fp32
@@ -48,12 +50,12 @@ def test_ring_kv_exchange_matches_the_hand_formula(setup, tp, cp, crosses_nodes)
     else:
         bandwidth, latency = intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6
     hand = cluster.collective_latency_us * 1e-6 + (cp - 1) * latency + (cp - 1) * kv_bytes / bandwidth
-    link = group_link(cluster, cp, tp)
+    link = group_link(cluster, ParallelDims(tp=tp, cp=cp).span("cp"))
     assert all_gather_time_s(ops.ring, link) == pytest.approx(hand, rel=1e-12)
     # overlap: only ring step 0's kernel (1/cp of the attention) hides the gather; backward adds the
     # dK/dV ring, each hop hidden by the next step's kernel but the last
-    t = layer_times(ops, cluster, training)
-    cost = layer_cost(ops, cluster, training, tp)
+    t = kernel_times(ops, cluster, training, stack)
+    cost = layer_cost(ops, cluster, training, stack, ParallelDims(tp=tp, cp=cp))
     assert cost.cp_fwd_s == pytest.approx(max(0.0, hand - t.attention_fwd_s / cp), rel=1e-12)
     hop = cluster.collective_latency_us * 1e-6 + latency + 2 * kv_bytes / bandwidth
     step_bwd = t.attention_bwd_s / cp
@@ -65,13 +67,13 @@ def test_ring_kv_exchange_matches_the_hand_formula(setup, tp, cp, crosses_nodes)
 def test_ring_working_memory_counts_on_every_rank(setup):
     """The gathered K/V of the whole sequence and two fp32 dK/dV accumulators, beside the ZeRO-3 buffers;
     the loss's logits on the last rank are not live at the same time (the larger of the two counts)."""
-    from autoplan.cost.stage_table import build_table
+    from autoplan.cost.model_workload import workload_fn
     from autoplan.cost.stage_terms import rank_fixed_dynamic
-    from autoplan.cost.workload import analytic_workload
+    from autoplan.cost.tables import build_table
     from tests.planner.random_problems import config
 
     model, cluster, training = setup
-    w = analytic_workload(model, cluster, training, 1, 2, True, 8)
+    w = workload_fn(model, cluster, training)(LayerSplit(1, 2, True, 8))
     kv_bytes = 2 * (S / 8) * model.kv_size / 2 * E
     assert w.ring_transient_bytes == 8 * kv_bytes + 2 * 2 * kv_bytes  # 268 MB + 134 MB
     table = build_table(w, cluster, training, config(tp=2, pp=2, dp=1, cp=8, sequence_parallel=True,
@@ -83,8 +85,10 @@ def test_ring_working_memory_counts_on_every_rank(setup):
 def test_cp_divides_tokens_activations_and_attention_work_not_parameters(setup):
     """The load-balanced causal split gives each rank 1/cp of every token-linear quantity and exactly
     1/cp of the causal attention pairs (2 c^2 per ring step, cp steps, c = s / 2cp)."""
-    model, _, _ = setup
-    whole, split = block_ops(model, 1, S, 2, True, E, "flash"), block_ops(model, 1, S, 2, True, E, "flash", 4)
+    model, _, training = setup
+    stack = load_stack("megatron")
+    whole = block_ops(model, LayerSplit(1, 2, True), training, stack)
+    split = block_ops(model, LayerSplit(1, 2, True, 4), training, stack)
     assert split.params == whole.params
     assert split.saved.none == whole.saved.none / 4 and split.saved.full == whole.saved.full / 4
     assert [g.m for g in split.gemms] == [g.m // 4 for g in whole.gemms]

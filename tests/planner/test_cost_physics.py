@@ -16,8 +16,16 @@ from autoplan.cost.activations import block_saved_bytes
 from autoplan.cost.comm import collective_time_s, group_link
 from autoplan.cost.compute import matmul_time_s
 from autoplan.cost.model_states import optimizer_step_bytes
-from autoplan.cost.workload import analytic_workload
+from autoplan.cost.model_workload import workload_fn
+from autoplan.cost.tables import build_table
+from autoplan.cost.workload import LayerSplit
 from autoplan.schema import ModelSpec, TrainingSetup, load_cluster, load_device
+from autoplan.schema.parallel_dims import GroupSpan
+from tests.planner.random_problems import config
+
+
+def analytic_workload(model, cluster, training, b, tp, sp):
+    return workload_fn(model, cluster, training)(LayerSplit(b, tp, sp))
 
 GB = 1e9
 GPT3_175B = ModelSpec(name="gpt3-175b", architecture="gpt", num_layers=96, hidden_size=12288, ffn_hidden_size=49152,
@@ -34,8 +42,8 @@ def test_flash_keeps_the_selective_count_plus_its_log_sum_exp(tp, sp, korthikant
     plus the kernel's fp32 log-sum-exp (4 bytes per query row and head), and selective recomputation
     has nothing left to drop. Standard attention keeps the 5as^2b/t bytes (Eq. 1/2/4)."""
     s, b, h, a = 2048, 1, 12288, 96
-    flash = block_saved_bytes(GPT3_175B, b=b, s=s, tp=tp, sp=sp, e=2, attention="flash")
-    standard = block_saved_bytes(GPT3_175B, b=b, s=s, tp=tp, sp=sp, e=2, attention="standard")
+    flash = block_saved_bytes(GPT3_175B, LayerSplit(b, tp, sp), TrainingSetup(8, s, attention="flash"))
+    standard = block_saved_bytes(GPT3_175B, LayerSplit(b, tp, sp), TrainingSetup(8, s, attention="standard"))
     lse = 4 * a * s * b / tp
     assert flash.none == pytest.approx(korthikanti_selective(s, b, h, tp) + lse, rel=1e-12)
     assert flash.selective == flash.none
@@ -65,9 +73,11 @@ MODEL_22B = ModelSpec(name="22b", architecture="gpt", num_layers=48, hidden_size
                       num_attention_heads=64, num_kv_heads=64, vocab_size=51200, seq_len=2048, dropout=0.1)
 
 
+TRAINING_22B = TrainingSetup(global_batch_size=4, seq_len=2048, precision="fp16", attention="standard")
+
+
 def layer_22b(sp: bool):
-    training = TrainingSetup(global_batch_size=4, seq_len=2048, precision="fp16", attention="standard")
-    return analytic_workload(MODEL_22B, load_cluster("dgx-a100-80gb"), training, 4, 8, sp).block
+    return analytic_workload(MODEL_22B, load_cluster("dgx-a100-80gb"), TRAINING_22B, 4, 8, sp).block
 
 
 @pytest.mark.parametrize("setup", list(TABLE4_MS))
@@ -83,16 +93,20 @@ def test_layer_times_match_korthikanti_table4(setup):
 def test_recompute_backward_matches_korthikanti_table4(setup):
     """Full recomputation adds the whole forward to the backward, selective the attention core only."""
     sp, bwd_ms = TABLE4_RECOMPUTE_BWD_MS[setup]
-    layer = layer_22b(sp)
-    extra = layer.full_extra_s if setup == "full" else layer.selective_extra_s
-    assert 1e3 * (layer.bwd_s + layer.tp_bwd_s + extra) == pytest.approx(bwd_ms, rel=0.10)
+    cluster = load_cluster("dgx-a100-80gb")
+    workload = analytic_workload(MODEL_22B, cluster, TRAINING_22B, 4, 8, sp)
+    # the table the search and the evaluator read: a layer's backward and what recomputation adds to it
+    table = build_table(workload, cluster, TRAINING_22B, config(tp=8, pp=1, dp=1, sequence_parallel=sp,
+                                                                  micro_batch_size=4, num_microbatches=1))
+    extra = table.full_extra_ns if setup == "full" else table.selective_extra_ns
+    assert 1e-6 * (table.block.bwd_ns + extra) == pytest.approx(bwd_ms, rel=0.10)
 
 
 def test_collective_latency_is_nccls_ring_model():
     """NCCL's ring/Simple model (src/graph/tuning.cc): baseLat 8.4 us + 2(n-1) x 3.4 us over NVLink for an
     all-reduce, (n-1) x 3.4 us for an all-gather; a tiny message costs just that."""
     cluster = load_cluster("dgx-h100-80gb")
-    link = group_link(cluster, 8, 1)
+    link = group_link(cluster, GroupSpan(8, 1))
     assert collective_time_s("all_reduce", 8, link) == pytest.approx((8.4 + 14 * 3.4) * 1e-6, rel=1e-3)
     assert collective_time_s("all_gather", 8, link) == pytest.approx((8.4 + 7 * 3.4) * 1e-6, rel=1e-3)
 
@@ -108,10 +122,10 @@ def test_tp_groups_price_all_reduces_by_the_tp_fit_and_other_groups_by_the_plain
     expected = {True: tp_fit.alpha_us * 1e-6 + size / (tp_fit.busbw_gb_per_s * 1e9),
                 False: plain_fit.alpha_us * 1e-6 + size / (plain_fit.busbw_gb_per_s * 1e9)}
     for tensor_parallel, t in expected.items():
-        link = group_link(cluster, 2, 1, tensor_parallel=tensor_parallel)
+        link = group_link(cluster, GroupSpan(2, 1), tensor_parallel=tensor_parallel)
         assert collective_time_s("all_reduce", size, link) == pytest.approx(t, rel=1e-9)
     gather = cluster.collective_fit("tp_all_gather", 2)  # sequence parallelism's all-gather, as DTensor issues it
-    assert collective_time_s("all_gather", size, group_link(cluster, 2, 1, tensor_parallel=True)) == \
+    assert collective_time_s("all_gather", size, group_link(cluster, GroupSpan(2, 1), tensor_parallel=True)) == \
         pytest.approx(gather.alpha_us * 1e-6 + size / 2 / (gather.busbw_gb_per_s * 1e9), rel=1e-9)
 
 

@@ -1,4 +1,4 @@
-"""FSDP2's host work on a CPU host (cost/host_terms.py ``fsdp_layer``): the hooks run every forward and
+"""FSDP2's host work on a CPU host (cost/cpu_host/terms.py ``fsdp_layer``): the hooks run every forward and
 backward, the work of gathering and of reducing only where a unit gathers or reduce-scatters, so ZeRO-1/2
 micro-batches that neither gather nor reduce pay the hooks alone; and the calibration fit that splits them.
 """
@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from autoplan.cost.comm import collective_time_s, group_link
-from autoplan.cost.host_terms import fsdp_layer
+from autoplan.cost.cpu_host.terms import fsdp_layer
 from autoplan.profiler.hardware.calibration_fit import fit_fsdp
 from autoplan.schema.io import load_cluster
 from autoplan.schema.plan import ParallelConfig
@@ -33,7 +33,7 @@ def _config(zero_stage: int, pp: int = 1) -> ParallelConfig:
 
 
 def _collectives(cluster, config):
-    link = group_link(cluster, config.dp_cp, config.tp)
+    link = group_link(cluster, config.dims.span("dp_cp"))
     d = cluster.device
     copy = 2 * PARAMS * WEIGHT_BYTES / (d.memory_bandwidth_gb_per_s * 1e9 * d.memory_efficiency) * SHARE
     return (collective_time_s("all_gather", PARAMS * WEIGHT_BYTES, link) + copy,

@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 
 from autoplan.cost.simulate import compiled, rank_ends, simulate
-from autoplan.cost.stage_table import build_table
-from autoplan.cost.workload import analytic_workload
+from autoplan.cost.estimate import split_of
+from autoplan.cost.model_workload import workload_fn
+from autoplan.cost.tables import build_table
 from autoplan.schema import TrainingSetup
 from autoplan.schema.io import load_cluster, load_model
 from autoplan.schema.plan import ParallelConfig
@@ -42,7 +43,7 @@ def _table(cluster, pp: int):
     config = ParallelConfig(tp=1, pp=pp, dp=4 // pp, cp=1, sequence_parallel=False, zero_stage=0,
                             offload_optimizer=False, schedule="gpipe", virtual_stages=1, micro_batch_size=2,
                             num_microbatches=16 // (2 * (4 // pp)))
-    workload = analytic_workload(model, cluster, training, config.micro_batch_size, 1, False)
+    workload = workload_fn(model, cluster, training)(split_of(config))
     return build_table(workload, cluster, training, config)
 
 

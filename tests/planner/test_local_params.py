@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from autoplan.cost.estimate import estimate_layout, with_local_params
-from autoplan.cost.workload import analytic_workload
+from autoplan.cost.model_workload import workload_fn
 from autoplan.schema import Layout, Stage, TrainingSetup, load_cluster, load_model
 
 GIB = 2**30
@@ -36,10 +36,7 @@ def test_memory_model_counts_the_parameters_the_runtime_holds(name, cluster_name
     training = TrainingSetup(global_batch_size=max(pp, 2) * dp, seq_len=model.seq_len, precision="fp32")
     lay = layout(tp, pp, dp, zero, model.num_layers)
 
-    def workload(b, t, sp, cp=1):
-        return analytic_workload(model, cluster, training, b, t, sp, cp)
-
-    predicted, _, _ = estimate_layout(workload, cluster, training, lay)
+    predicted, _, _ = estimate_layout(workload_fn(model, cluster, training), cluster, training, lay)
     predicted = with_local_params(predicted, model, lay, training)
     peak = max(range(pp), key=lambda r: predicted.memory_gib_per_stage[r])
     weights = predicted.memory.weights_gib * GIB / 4  # fp32: 4 bytes per parameter

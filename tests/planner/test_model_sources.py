@@ -92,12 +92,13 @@ def test_one_profile_plans_at_bf16_and_fp8(llama_2layer_profile, capsys):
 
 
 def workload(profile_path: str, precision: str):
-    from autoplan.profiler.adapter import profile_workload_fn
+    from autoplan.cost.model_workload import workload_fn
+    from autoplan.cost.workload import LayerSplit
     from autoplan.schema import TrainingSetup, load_cluster
     from autoplan.schema.profile import load_profile
 
     training = TrainingSetup(global_batch_size=8, seq_len=4096, precision=precision)
-    return profile_workload_fn(load_profile(profile_path), load_cluster("dgx-h100-80gb"), training)(1, 2, False)
+    return workload_fn(load_profile(profile_path), load_cluster("dgx-h100-80gb"), training)(LayerSplit(1, 2, False))
 
 
 def test_profile_plans_at_an_unprofiled_tp(llama_2layer_profile, capsys):

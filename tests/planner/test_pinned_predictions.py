@@ -53,7 +53,7 @@ def _layout(d: dict):
 
 
 def _workload_fn(model, cluster, training):
-    from autoplan.cli.common import workload_fn
+    from autoplan.cost.model_workload import workload_fn
 
     return workload_fn(model, cluster, training)
 

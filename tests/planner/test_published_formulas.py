@@ -10,6 +10,7 @@ from autoplan.cost.flops import model_flops_per_step, narayanan_flops_per_step
 from autoplan.cost.model_states import state_bytes_per_param
 from autoplan.schema.schedule import build_schedule
 from autoplan.cost.simulate import simulate
+from autoplan.cost.workload import LayerSplit
 from autoplan.schema import ModelSpec, TrainingSetup
 
 GB = 1e9
@@ -37,13 +38,13 @@ GPT3_175B = ModelSpec(name="gpt3-175b", architecture="gpt", num_layers=96, hidde
 ])
 def test_korthikanti_activation_memory_gpt3_175b(tp, sp, mode, expected_gb):
     """Korthikanti et al. 2022, Table 2, with s = 2048, b = 1, h = 12288, a = 96 (formulas.md section 3)."""
-    saved = block_saved_bytes(GPT3_175B, b=1, s=2048, tp=tp, sp=sp, e=2, attention="standard")
+    saved = block_saved_bytes(GPT3_175B, LayerSplit(1, tp, sp), TrainingSetup(8, 2048, attention="standard"))
     assert getattr(saved, mode) / GB == pytest.approx(expected_gb, rel=2e-3)
 
 
 def test_korthikanti_first_stage_holds_l_layers_worth():
     """Eq. 5: with 1F1B the first of p stages keeps p micro-batches of L/p layers: 34.4 GB for TP8+SP."""
-    saved = block_saved_bytes(GPT3_175B, b=1, s=2048, tp=8, sp=True, e=2, attention="standard")
+    saved = block_saved_bytes(GPT3_175B, LayerSplit(1, 8, True), TrainingSetup(8, 2048, attention="standard"))
     assert 96 * saved.none / GB == pytest.approx(34.4, rel=2e-3)
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from autoplan.cost.evaluate import evaluate
 from autoplan.cost.layout_terms import LayoutTerms
-from autoplan.cost.stage_table import build_table
-from autoplan.cost.workload import analytic_workload
+from autoplan.cost.model_workload import workload_fn
+from autoplan.cost.tables import build_table
+from autoplan.cost.workload import LayerSplit
 from autoplan.schema import Cluster, Link, ModelSpec, TrainingSetup
 from autoplan.search import planner
 from autoplan.search.planner import search
@@ -108,7 +109,7 @@ def test_recompute_solvers_agree():
         device = dataclasses.replace(DEVICE, memory_gib=memory)
         cluster = Cluster(name="c", device=device, devices_per_node=2, num_nodes=1, intra_node=Link(100.0, 5.0),
                           inter_node=Link(10.0, 20.0))
-        workload = analytic_workload(model, cluster, training, 1, 1, False)
+        workload = workload_fn(model, cluster, training)(LayerSplit(micro_batch_size=1))
         table = build_table(workload, cluster, training, config(schedule="interleaved", virtual_stages=3))
         split = (2, 2, 2, 2, 2, 2)
         a = cheapest_recompute(table, split, None, "enumerate")

@@ -1,4 +1,4 @@
-"""Pipeline action lists on shared cores (cost/shared_cores.py) and the pipeline factor built on it.
+"""Pipeline action lists on shared cores (cost/cpu_host/shared_cores.py) and the pipeline factor built on it.
 
 The hand-worked case: GPipe, 4 stages, 4 micro-batches, forward 1 and backward 2, on 2 cores that
 time-slice fairly (n busy ranks each run at min(1, 2 / n)). Forwards: F0 on stage 0 alone (t = 1); stages
@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from autoplan.cost.host_terms import core_share
-from autoplan.cost.shared_cores import shared_span
+from autoplan.cost.cpu_host.shared_cores import shared_span
+from autoplan.cost.cpu_host.terms import core_share
 from autoplan.cost.simulate import simulate
 from autoplan.schema.io import load_cluster
 from autoplan.schema.plan import ParallelConfig

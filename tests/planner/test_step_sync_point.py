@@ -3,7 +3,6 @@ optimizer step starts after the slowest rank's gradient reduction. Worked on gpt
 one micro-batch per replica, where the last stage ends its pipeline first but has the longer after-sync
 work (it holds the head)."""
 
-from autoplan.cli.common import workload_fn
 from autoplan.cli.main import main
 from autoplan.cost.stage_terms import rank_after_sync, rank_before_sync
 from autoplan.report.chrome_trace import simulated_trace
@@ -17,7 +16,7 @@ def test_optimizer_waits_for_the_slowest_rank_to_reduce(tmp_path):
                  "--tp", "1", "--pp", "2", "--dp", "2", "--zero-stage", "0", "--schedule", "gpipe",
                  "--micro-batch-size", "8", "-o", str(path)]) == 0
     plan = load_plan(path)
-    sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
+    sim = simulate_plan(plan)
     ev, t = sim.evaluation, sim.table
     before = {r: ev.rank_sync_exposed_ns[r] + rank_before_sync(t, r).value({}) for r in (0, 1)}
     after = {r: rank_after_sync(t, r).value({("n", s): sim.shapes[s].layers for s in range(2)}) for r in (0, 1)}

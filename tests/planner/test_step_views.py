@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from autoplan.cli.common import workload_fn
 from autoplan.cli.main import main
 from autoplan.schema.schedule import build_schedule
 from autoplan.report.chrome_trace import lane_of, simulated_trace
@@ -34,7 +33,7 @@ def plans(tmp_path_factory):
 @pytest.mark.parametrize("name", ["1f1b", "interleaved"])
 def test_trace_slices_are_the_schedule_at_the_simulated_times(plans, name, capsys):
     plan = plans[name]
-    sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
+    sim = simulate_plan(plan)
     trace = json.loads(json.dumps(simulated_trace(sim)))  # what a file holds
     check_trace(trace)
     tl = sim.evaluation.timeline
@@ -61,7 +60,7 @@ def test_trace_slices_are_the_schedule_at_the_simulated_times(plans, name, capsy
 
 def test_recompute_and_transfers_are_drawn(plans):
     plan = plans["interleaved"]
-    sim = simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training))
+    sim = simulate_plan(plan)
     events = [e for e in simulated_trace(sim)["traceEvents"] if e["ph"] == "X"]
     recompute = [e for e in events if e["name"] == "recompute"]
     assert len(recompute) == plan.num_stages * plan.num_microbatches  # every backward recomputes (full)
@@ -107,7 +106,7 @@ def test_show_writes_trace_png_and_a_legend(plans, tmp_path, capsys):
     assert "legend: F forward, B backward, r backward that recomputes" in out
     check_trace(json.loads(trace.read_text()))
     plan = plans["interleaved"]
-    w, h = figure_size_px(simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training)))
+    w, h = figure_size_px(simulate_plan(plan))
     assert png_size(png) == (w, h) and w == 1200 and h > 400  # the size show prints, a fixed width
     assert f"({w} x {h} px)" in out
     assert png.stat().st_size > 20_000  # bars, labels and legends, not a blank canvas

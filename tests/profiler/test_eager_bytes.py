@@ -13,7 +13,8 @@ import torch
 from autoplan.cost.analytic_ops import EAGER_ELEMENTS, HOST_OP_COUNTS, eager_bytes
 from autoplan.profiler.hardware.eager_bytes import CLASSES, PROBE, PROBE_BATCH, _layer, count_layer_elements
 from autoplan.profiler.hardware.op_count import count_ops
-from autoplan.schema import load_model
+from autoplan.cost.workload import LayerSplit
+from autoplan.schema import TrainingSetup, load_model
 
 LAYERS = ("embedding", "block", "head")
 
@@ -70,7 +71,7 @@ def test_eager_bytes_formula_matches_the_runtime_layers(name, layer):
     out = fn(x)
     grad = torch.ones_like(out)
     bwd = _activation_bytes(lambda: out.backward(grad), tokens)
-    want_fwd, want_bwd = eager_bytes(spec, layer, tokens, tp=1, sp=False, e=4)
+    want_fwd, want_bwd = eager_bytes(spec, layer, LayerSplit(PROBE_BATCH), TrainingSetup(PROBE_BATCH, spec.seq_len, precision="fp32"))
     assert want_fwd == pytest.approx(fwd, rel=0.04)
     assert want_bwd == pytest.approx(bwd, rel=0.04)
     assert want_fwd <= fwd and want_bwd <= bwd  # leaves things out, never invents them

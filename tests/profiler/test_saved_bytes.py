@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from autoplan.cost.activations import block_saved_bytes
+from autoplan.cost.workload import LayerSplit
 from autoplan.profiler.model_profile import ProfileOptions, profile_model
 from autoplan.profiler.timing import materialize, saved_bytes
-from autoplan.schema import load_model
+from autoplan.schema import TrainingSetup, load_model
 from runtime.models import build_model
 
 B = 2
@@ -37,7 +38,7 @@ def expected_saved(name: str) -> int:
     spec = load_model(name)
     s, h, e = spec.seq_len, spec.hidden_size, 4
     sb, sbh = s * B, s * B * h
-    model = block_saved_bytes(spec, B, s, 1, False, e, "flash").none
+    model = block_saved_bytes(spec, LayerSplit(B), TrainingSetup(B, s, precision="fp32", attention="flash")).none
     if spec.architecture == "gpt":
         return int(model + 2 * 2 * e * sb)
     rope = 2 * 4 * s * spec.head_dim // 2

@@ -8,16 +8,15 @@ them, in solo windows, process 0 runs the same loop alone while the others sleep
 the median per-call time over the processes, the least over the rounds (a window that another program's
 work disturbed reads slower, never faster), divided by process 0's least solo time *of the same session*.
 Why solo windows in every session: a shared host drifts by tens of percent within a minute
-(runtime/train/speed_probe.py), so a ratio of two sessions measured seconds apart mixes the drift in (one
-calibration read 2.44x at 4 ranks on 2 cores, another 1.93x). Above the core count it is time-slicing
+(runtime/train/speed_probe.py), so a ratio of two sessions measured seconds apart mixes the drift in.
+Above the core count it is time-slicing
 (about R / cores, plus the cost of switching); below it, what co-running ranks still share (SMT
 siblings of one physical core, caches, memory bandwidth).
 
 Why a whole model rather than one GEMM shape: a time slice of another rank evicts this rank's caches, and
-what that costs depends on the working set. On the 2-core test host, in one session, 256x256 GEMMs on the
-same operands (768 KiB, cache-resident) read 1.44x at 3 ranks and 2.02x at 4, the gpt-tiny forward and
-backward (its activations and weights: several MiB) 1.50x and 2.16x, and the tiny-op chains 1.43x and
-2.10x. The kernel slow-down is the layer's: the work the ranks run, not a cache-resident kernel.
+what that costs depends on the working set: a cache-resident GEMM reads a smaller slow-down than a layer
+whose activations and weights span several MiB. The kernel slow-down is the layer's: the work the ranks
+run, not a cache-resident kernel.
 
 Run as ``python -m autoplan.profiler.hardware.corun START_EPOCH_S WINDOW_S INDEX``: prints one JSON line.
 """

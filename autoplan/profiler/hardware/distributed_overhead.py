@@ -13,8 +13,8 @@ small models this host trains) and then enters the collective, ``SEGMENT_CALLS``
 point is the median of (that loop - the same loop without the collective, timed right after it) / calls.
 Where ranks outnumber cores this is what a collective costs inside a step: members arrive out of step as
 the scheduler gives them the cores in turn, and each of gloo's hops waits for its receiver to be
-scheduled; back-to-back collectives on otherwise idle ranks (the classic micro-benchmark) measure 2-4x
-less on a 2-core host than the traces of real steps show. Ranks outside every group (n not dividing N)
+scheduled; back-to-back collectives on otherwise idle ranks (the classic micro-benchmark) measure several
+times less on a host whose ranks outnumber its cores than the traces of real steps show. Ranks outside every group (n not dividing N)
 run the segments alone, so the cores are as loaded as in a step. Each point is the median of ``repeats``
 such pairs after a warm-up, each loop started by a barrier of the world.
 
@@ -23,11 +23,9 @@ matching send, while rank 0 and every other rank compute segments (as a pipeline
 action and asks for the input its neighbour sent meanwhile); the point is the mean time from the
 receive's post to its completion. On gloo the sender's side must still act once the receive is posted,
 and while the ranks keep the cores busy that waits for the scheduler. The distribution has a long tail
-(a scratch harness on the 2-core test host: medians 0.2-1.7 ms, means 0.9-2.9 ms, single waits up to
-16 ms), and a pipeline pays it on every message, hence the mean. The classic ping-pong, whose receiver
-is already waiting, reads 0.05-0.1 ms there; this measurement read 0.54, 0.98 and 1.09 ms at 2, 3 and 4
-ranks (calibration of 2026-12-06); and in a measured gpt-tiny pp4 step backward grads waited 3-10 ms
-after their send.
+and a pipeline pays it on every message, hence the mean. The classic ping-pong, whose receiver is already
+waiting, reads an order of magnitude less: it measures the link, not the wait (``autoplan calibrate``
+prints both).
 
 In the world of 2 only, with tiny layers whose compute is negligible:
 

@@ -1,7 +1,7 @@
 """The terms a CPU host adds to a step, where ranks share cores and gloo's collectives cannot overlap.
 
-Each is zero on a cluster whose devices compute on their own (``Cluster.shares_cores`` false, GPUs), so
-GPU predictions do not move. On a CPU host (``cores_per_node`` > 0):
+Only the CPU host model (cost/cpu_host/model.py) calls these, for a cluster whose ranks share the node's
+cores (``Cluster.shares_cores``); devices that compute on their own never see them. On a CPU host:
 
 * Shared cores (``core_share``). R ranks busy at once on C cores each get min(1, C / R) of a core
   (the scheduler time-slices them fairly), so every compute and host time is multiplied by
@@ -25,14 +25,11 @@ GPU predictions do not move. On a CPU host (``cores_per_node`` > 0):
   scatter also copies its buffer in and out (2 x the unit's bytes, memory-bound). FSDP2's host work per
   unit (``fsdp_unit_fwd_us`` / ``fsdp_unit_bwd_us``, measured on ZeRO-3 units, which gather and reduce
   every time) is paid where the work happens: its hooks (``fsdp_hooks_fwd_us`` / ``fsdp_hooks_bwd_us``)
-  every forward and backward, the rest with each gather and each reduce-scatter. Measured on the 2-core
-  host: 9 FSDP2 units of 16 x 16 layers at 2 ranks took 0.60 ms a forward that did not gather (hooks
-  alone, against 0.05 plain) and 5.8 ms one that did; charging every ZeRO-1/2 micro-batch the whole unit
-  cost overpredicted llama-tiny's dp4 ZeRO-1 plan by 23%.
-* The runtime's own small collectives once per step (``step_sync_s``): the gradient norm's all-reduce over
-  all ranks, the loss's all-reduces over pp and dp, and the tied embedding's gradient between the first
-  and the last pipeline rank. Counted where the cluster has measured fits (on NCCL at scale the ring
-  formula overstates small-message latency, where NCCL switches to tree and LL protocols).
+  every forward and backward, the rest with each gather and each reduce-scatter. A ZeRO-1/2 forward that
+  does not gather pays the hooks alone: charging it the whole unit cost would over-price every
+  micro-batch after the first.
+* The optimizer's per-tensor host work (``optimizer_tensor_s``): every parameter tensor is stepped one by
+  one, a DTensor one through DTensor's dispatch.
 """
 
 from __future__ import annotations
@@ -41,52 +38,28 @@ import functools
 from dataclasses import dataclass
 
 from autoplan.cost.comm import collective_time_s, group_link
-from autoplan.cost.shared_cores import shared_span
+from autoplan.cost.cpu_host.shared_cores import shared_span
 from autoplan.cost.simulate import simulate
+from autoplan.cost.stage_table import CoreShare
 from autoplan.schema import Cluster
 from autoplan.schema.cluster import corun_slowdown
 from autoplan.schema.plan import ParallelConfig as Config
 from autoplan.schema.schedule import build_schedule
 
 
-@dataclass(frozen=True)
-class CoreShare:
-    """Slow-down factors from time-slicing: ``pipeline`` for forward/backward work, ``tail`` for the end of
-    the step (1.0 where devices do not share cores)."""
-
-    pipeline: float = 1.0
-    host: float = 1.0
-    """The same for host (framework) time during the pipeline phase."""
-    tail: float = 1.0
-
-    def scaled_s(self, total_s: float, host_s: float) -> float:
-        """A layer time of which ``host_s`` is host time, stretched by the pipeline-phase factors."""
-        return (total_s - host_s) * self.pipeline + host_s * self.host
-
-
-def ranks_on_node(cluster: Cluster, config: Config) -> int:
-    return min(cluster.devices_per_node, config.tp * config.cp * config.pp * config.dp)
-
-
 def core_share(cluster: Cluster, config: Config) -> CoreShare:
     """Slow-downs of co-running ranks, for the pipeline phase (kernel, host) and the end of the step."""
-    if not cluster.shares_cores:
-        return CoreShare()
-    ranks = ranks_on_node(cluster, config)
+    dims = config.dims
+    ranks = dims.ranks_on_node(cluster.devices_per_node)
     if config.num_stages == 1:  # every rank computes all the time
         pipeline, host = cluster.corun_slowdown(ranks, "kernel"), cluster.corun_slowdown(ranks, "host")
     else:
         pipeline, host = (_pipeline_slowdown(config.schedule, config.pp, config.virtual_stages,
-                                             config.num_microbatches, _pipeline_nodes(cluster, config),
-                                             min(config.tp * config.cp * config.dp, cluster.devices_per_node),
+                                             config.num_microbatches, dims.pipeline_nodes(cluster.devices_per_node),
+                                             min(dims.stage_ranks, cluster.devices_per_node),
                                              table, cluster.cores_per_node)
                           for table in (cluster.corun_kernel_slowdown, cluster.corun_host_slowdown))
     return CoreShare(pipeline=pipeline, host=host, tail=cluster.corun_slowdown(ranks, "kernel"))
-
-
-def _pipeline_nodes(cluster: Cluster, config: Config) -> tuple[int, ...]:
-    """The node of each pipeline rank: global rank tp x cp x dp x r of its first replica (plan.py order)."""
-    return tuple(config.tp * config.cp * config.dp * r // cluster.devices_per_node for r in range(config.pp))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -115,11 +88,11 @@ class FsdpLayer:
 
 def fsdp_layer(cluster: Cluster, config: Config, params: float, weight_bytes: int, share: float) -> FsdpLayer:
     """Costs of one unit holding ``params`` parameters on a host that shares its cores (see the module doc).
-    ZeRO-0 has no per-unit collectives (replicate: ``replicate_step_s``)."""
+    ZeRO-0 has no per-unit collectives (replicate: ``replicate_microbatch_s``)."""
     c = config
-    if not cluster.shares_cores or c.dp_cp == 1 or c.zero_stage == 0 or params <= 0:
+    if c.dp_cp == 1 or c.zero_stage == 0 or params <= 0:
         return FsdpLayer()
-    link = group_link(cluster, c.dp_cp, c.tp)
+    link = group_link(cluster, c.dims.span("dp_cp"))
     size = params * weight_bytes
     device = cluster.device
     copy_s = 2 * size / (device.memory_bandwidth_gb_per_s * 1e9 * device.memory_efficiency) * share
@@ -141,27 +114,10 @@ def fsdp_layer(cluster: Cluster, config: Config, params: float, weight_bytes: in
 
 def replicate_microbatch_s(cluster: Cluster, config: Config, share: float) -> tuple[float, float]:
     """ZeRO-0 with dp > 1 on a shared host: the replicate root's hooks, once per stage and micro-batch."""
-    if not cluster.shares_cores or config.dp_cp == 1 or config.zero_stage != 0:
+    if config.dp_cp == 1 or config.zero_stage != 0:
         return 0.0, 0.0
     d = cluster.device
     return d.fsdp_unit_fwd_us * 1e-6 * share, d.fsdp_unit_bwd_us * 1e-6 * share
-
-
-def step_sync_s(cluster: Cluster, config: Config, tied_grad_bytes: float) -> tuple[float, float]:
-    """(every rank, first and last pipeline rank only): the runtime's per-step small all-reduces."""
-    if not cluster.collectives:
-        return 0.0, 0.0
-    c = config
-    world = c.tp * c.cp * c.pp * c.dp
-    scalar = 4.0  # one fp32 value
-    every = collective_time_s("all_reduce", scalar, group_link(cluster, world, 1))
-    if c.pp > 1:
-        every += collective_time_s("all_reduce", scalar, group_link(cluster, c.pp, c.tp * c.cp * c.dp))
-    if c.dp_cp > 1:
-        every += collective_time_s("all_reduce", scalar, group_link(cluster, c.dp_cp, c.tp))
-    ends = collective_time_s("all_reduce", tied_grad_bytes, group_link(cluster, 2, c.tp * c.cp * c.dp * (c.pp - 1))) \
-        if c.pp > 1 and tied_grad_bytes > 0 else 0.0
-    return every, ends
 
 
 def optimizer_tensor_s(cluster: Cluster, config: Config, tensors: int, tp_tensors: int, share: float) -> float:

@@ -1,12 +1,15 @@
 """Planning from a profile: a ModelProfile turned into the cost model's ``Workload`` (torch-free).
 
 The planner calls ``check_profile(profile, cluster, training, rescale)`` once, then uses
-``profile_workload_fn(profile, cluster, training, rescale)`` wherever it would use ``analytic_workload``:
-it returns the same ``(micro_batch_size, tp, sequence_parallel) -> Workload`` callable that
-``autoplan.cost.estimate.WorkloadFn`` describes. Like the analytic path it describes each layer as
-``LayerOps`` (GEMM shapes, attention core, memory-bound bytes, saved bytes, TP collectives) and leaves the
-pricing to the one builder, ``cost.workload.build_workload``: so a profile of a model and a spec of it
-get the same kernel model.
+``profile_workload_fn(profile, cluster, training, stack, rescale)`` wherever it would use
+``analytic_workload``: it returns the same ``LayerSplit -> Workload`` callable (``WorkloadFn``,
+cost/workload.py). Like the analytic path it describes each layer as ``LayerOps`` (GEMM shapes, attention
+core, memory-bound bytes, saved bytes, TP collectives) and leaves the pricing to the one builder,
+``cost.workload.build_workload``: so a profile of a model and a spec of it get the same kernel model.
+The embedding and the head are built by the same vocabulary builders as a spec's
+(``analytic_ops.embedding_of_vocabulary`` / ``head_of_vocabulary``); the profile gives only their own
+traced work. A traced profile does not count host ops or the eager kernels' bytes (``HostOps`` and
+``eager_bytes`` stay empty): its memory-bound work is priced at the traced fused bytes on every stack.
 
 Where each field comes from, per block (the planner treats blocks as identical; it takes the block with
 the most FLOPs, and each byte count's largest value over the blocks):
@@ -28,21 +31,20 @@ the most FLOPs, and each byte count's largest value over the blocks):
 * TP communication: per TP split of the block what ``analytic_ops.block_tp_messages`` gives a spec's block.
 * embedding and head: vocabulary-parallel under TP, the head's output projection padded as Megatron pads
   (``MEGATRON_VOCAB_DIVISOR`` x tp rows), with the vocabulary-parallel cross-entropy the trace of a bare
-  forward does not contain (the same terms ``analytic_ops.head_ops`` uses).
+  forward does not contain: the spec's own vocabulary builders.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from autoplan.cost.activations import SavedBytes, elem_bytes
-from autoplan.cost.analytic_ops import block_tp_messages
-from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps, Message
-from autoplan.cost.workload import Workload, build_workload
+from autoplan.cost.analytic_ops import EdgeWork, block_tp_messages, embedding_of_vocabulary, head_of_vocabulary
+from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps
+from autoplan.cost.workload import LayerSplit, Workload, WorkloadFn, build_workload
 from autoplan.errors import SpecError
-from autoplan.schema import Cluster, TrainingSetup
+from autoplan.schema import Cluster, StackProfile, TrainingSetup
 from autoplan.schema.model import MEGATRON_VOCAB_DIVISOR
 from autoplan.schema.profile import AttentionShape, GemmShape, LayerMeasurement, LayerProfile, ModelProfile
 
@@ -99,25 +101,25 @@ def device_matches(profile: ModelProfile, cluster: Cluster) -> bool:
                                           or profile.device_name in device.source)
 
 
-def profile_workload_fn(profile: ModelProfile, cluster: Cluster, training: TrainingSetup,
-                        rescale: bool = False) -> Callable[..., Workload]:
+def profile_workload_fn(profile: ModelProfile, cluster: Cluster, training: TrainingSetup, stack: StackProfile,
+                        rescale: bool = False) -> WorkloadFn:
     """The planner's WorkloadFn for a profiled model (checks the profile first). Context parallelism is
     planned from model specs only: its ring exchanges K and V, whose width a profile does not record
     (the planner searches cp = 1 for a profile)."""
     measured = check_profile(profile, cluster, training, rescale)
 
-    def fn(b: int, tp: int, sp: bool, cp: int = 1) -> Workload:
-        if cp > 1:
+    def fn(split: LayerSplit) -> Workload:
+        if split.cp > 1:
             raise SpecError(f"cp: {profile.name} is a profile, which does not record the K/V width ring attention "
                             "exchanges; plan context parallelism from the model spec or config.json")
-        return profile_workload(profile, cluster, training, b, tp, sp, measured)
+        return profile_workload(profile, cluster, training, stack, split, measured)
 
     return fn
 
 
-def profile_workload(profile: ModelProfile, cluster: Cluster, training: TrainingSetup, micro_batch_size: int,
-                     tp: int, sp: bool, use_measured_times: bool) -> Workload:
-    b = micro_batch_size
+def profile_workload(profile: ModelProfile, cluster: Cluster, training: TrainingSetup, stack: StackProfile,
+                     split: LayerSplit, use_measured_times: bool) -> Workload:
+    b, tp, sp = split.micro_batch_size, split.tp, split.sequence_parallel
     blocks = profile.blocks
     if not blocks:
         raise SpecError(f"{profile.name}: the profile has no blocks to place in pipeline stages")
@@ -140,10 +142,10 @@ def profile_workload(profile: ModelProfile, cluster: Cluster, training: Training
         params=block.params, gemms=_gemms(block.gemms), attention=_core(block.attention),
         elementwise_bytes=elementwise, elementwise_kernels=block.kernels,
         saved=SavedBytes(saved, saved, input_bytes), tp_fwd=fwd, tp_bwd=bwd)
-    embedding, head, logits = _edge_ops(profile, b, tp, sp, r, e, hidden)
+    embedding, head, logits = _edge_ops(profile, split, training, r)
     workload = build_workload(
-        embedding, block_ops, head, num_layers=len(blocks), micro_batch_size=b, tp=tp, sp=sp, cluster=cluster,
-        training=training, tied_copy_params=_tied(profile, tp), output_bytes=input_bytes,
+        embedding, block_ops, head, num_layers=len(blocks), split=split, cluster=cluster, training=training,
+        stack=stack, tied_copy_params=_tied(profile, tp), output_bytes=input_bytes,
         logits_transient_bytes=(4.0 + e) * logits)
     if use_measured_times and block.fwd_s is not None and block.bwd_s is not None:
         workload = replace(workload, block=replace(workload.block, fwd_s=block.fwd_s, bwd_s=block.bwd_s))
@@ -167,47 +169,39 @@ def _core(a: AttentionShape | None) -> AttentionCore | None:
     return None if a is None else AttentionCore(1, a.batch_heads, a.seq_len, a.head_dim, dropout=False)
 
 
-def _edge_ops(profile: ModelProfile, b: int, tp: int, sp: bool, r: float, e: int,
-              hidden: float) -> tuple[LayerOps, LayerOps, float]:
-    """The embedding and the head as LayerOps, and the head's logits per device (padded vocabulary / tp)."""
+def _edge_ops(profile: ModelProfile, split: LayerSplit, training: TrainingSetup,
+              r: float) -> tuple[LayerOps, LayerOps, float]:
+    """The embedding and the head as LayerOps (the traced layers' own work on the spec's vocabulary builders),
+    and the head's logits per device (padded vocabulary / tp). ``r``: activation bytes, profile -> plan dtype."""
     empty = LayerOps(0.0, (), None, 0.0, 0, SavedBytes(0.0, 0.0, 0.0))
     emb_layer, head_layer = profile.layer("embedding"), profile.layer("head")
+    b, tp = split.micro_batch_size, split.tp
     hidden_size = profile.hidden_size or 0
     tokens = b * (profile.seq_len or 1)
     vocab = round(_at(head_layer, b).output_bytes / elem_bytes(profile.dtype) / tokens) if head_layer else 0
     multiple = MEGATRON_VOCAB_DIVISOR * tp
     padded = -(-vocab // multiple) * multiple
-
-    def vocab_parallel(params: float) -> float:
-        """A table of vocab x hidden (plus, e.g., learned positions, kept whole) at the padded size / tp."""
-        table = vocab * hidden_size
-        return params - table + padded * hidden_size / tp if 0 < table <= params else params / tp
+    table = vocab * hidden_size
 
     embedding = empty
     if emb_layer is not None:
         m = _at(emb_layer, b)
-        saved = float(m.saved_activation_bytes)
-        embedding = LayerOps(
-            params=vocab_parallel(emb_layer.params), gemms=(), attention=None,
-            elementwise_bytes=m.elementwise_bytes * r, elementwise_kernels=max(1, m.elementwise_kernels),
-            saved=SavedBytes(saved, saved, saved),
-            tp_fwd=(Message("reduce_scatter" if sp else "all_reduce", hidden),) if tp > 1 else (),
-            tp_bwd=(Message("all_gather", hidden),) if sp and tp > 1 else ())
+        own = EdgeWork(params=emb_layer.params - table, elementwise_bytes=m.elementwise_bytes * r,
+                       kernels=max(1, m.elementwise_kernels), saved_bytes=float(m.saved_activation_bytes))
+        rows = padded
+        if not 0 < table <= emb_layer.params:  # no vocabulary table in it: its parameters split over TP
+            own, rows = replace(own, params=emb_layer.params / tp), 0
+        embedding = embedding_of_vocabulary(rows, hidden_size, own, split, training)
     if head_layer is None:
         return embedding, empty, 0.0
     m = _at(head_layer, b)
-    gemms = tuple(Gemm(g.m, padded // tp if g.n == vocab else g.n, g.k, g.count, fp8=False) for g in m.gemms)
-    logits = tokens * padded / tp
-    saved = m.saved_activation_bytes * r + 4.0 * logits  # + the fp32 log-softmax of the loss
-    norm = m.elementwise_bytes * r / (tp if sp else 1)
-    losses = (Message("all_reduce", 4.0 * tokens),) * 3  # max, sum of exponentials, target logit
-    head = LayerOps(
-        params=vocab_parallel(head_layer.params) if head_layer.params >= vocab * hidden_size else head_layer.params,
-        gemms=gemms, attention=None, elementwise_bytes=norm + (e + 8) * logits,
-        elementwise_kernels=max(1, m.elementwise_kernels) + 2, saved=SavedBytes(saved, saved, saved),
-        tp_fwd=((Message("all_gather", hidden),) if sp else ()) + losses if tp > 1 else (),
-        tp_bwd=(Message("reduce_scatter" if sp else "all_reduce", hidden),) if tp > 1 else ())
-    return embedding, head, logits
+    projection = head_layer.params >= table
+    own = EdgeWork(params=head_layer.params - (table if projection else 0),
+                   elementwise_bytes=m.elementwise_bytes * r / split.hidden_shards,
+                   kernels=max(1, m.elementwise_kernels), saved_bytes=m.saved_activation_bytes * r,
+                   gemms=tuple(Gemm(g.m, g.n, g.k, g.count, fp8=False) for g in m.gemms if g.n != vocab))
+    head = head_of_vocabulary(padded, hidden_size, own, projection, split, training)
+    return embedding, head, tokens * padded / tp
 
 
 def _at(layer: LayerProfile, b: int) -> LayerMeasurement:

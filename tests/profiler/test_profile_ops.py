@@ -9,9 +9,10 @@ import sys
 
 import pytest
 
-from autoplan.cost.workload import analytic_workload
+from autoplan.cost.model_workload import workload_fn
+from autoplan.cost.profile_ops import allowed_tp_sizes, check_profile
+from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
-from autoplan.profiler.adapter import allowed_tp_sizes, check_profile, profile_workload_fn
 from autoplan.schema import TrainingSetup, load_cluster, load_model
 
 TRAINING = TrainingSetup(global_batch_size=8, seq_len=64, precision="fp32")
@@ -27,8 +28,8 @@ def test_gpt_workload_matches_analytic(gpt_profile, tp, sp):
     cluster = load_cluster("cpu-local")
     spec = load_model("gpt-tiny")
     for b in (1, 2, 3):  # 3 was not profiled: scaled linearly from 2
-        ours = profile_workload_fn(gpt_profile, cluster, TRAINING)(b, tp, sp)
-        ref = analytic_workload(spec, cluster, TRAINING, b, tp, sp)
+        ours = workload_fn(gpt_profile, cluster, TRAINING)(LayerSplit(b, tp, sp))
+        ref = workload_fn(spec, cluster, TRAINING)(LayerSplit(b, tp, sp))
         assert ours.num_layers == ref.num_layers
         # a rank really holds the norms (4h) and the row linears' biases (2h) whole; analytic divides all by tp
         replicated = 6 * spec.hidden_size
@@ -52,9 +53,9 @@ def test_tp_size_not_profiled_is_interpolated(llama_profile):
         dataclasses.replace(layer, measurements=tuple(dataclasses.replace(
             m, tp_shards=tuple(s for s in m.tp_shards if s.tp != 4)) for m in layer.measurements))
         for layer in llama_profile.layers))
-    w = profile_workload_fn(profile, cluster, TRAINING)(1, 4, False)
+    w = workload_fn(profile, cluster, TRAINING)(LayerSplit(1, 4, False))
     assert w.block.params == (spec.layer_params() - 2 * spec.hidden_size) / 4 + 2 * spec.hidden_size
-    assert w.block.fwd_flops == pytest.approx(analytic_workload(spec, cluster, TRAINING, 1, 4, False).block.fwd_flops)
+    assert w.block.fwd_flops == pytest.approx(workload_fn(spec, cluster, TRAINING)(LayerSplit(1, 4, False)).block.fwd_flops)
 
 
 def test_device_check(gpt_profile):
@@ -79,7 +80,7 @@ def test_device_check(gpt_profile):
 
 
 def test_adapter_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None\nimport autoplan.profiler.adapter"
+    code = "import sys; sys.modules['torch'] = None\nimport autoplan.cost.profile_ops"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -96,10 +97,9 @@ def test_planner_search_accepts_a_profile(gpt_profile):
     spec, cluster = load_model("gpt-tiny"), load_cluster("cpu-local")
     training = TrainingSetup(global_batch_size=8, seq_len=64, precision="fp32")
     # cp 1: a profile plans no context parallelism (it does not record the ring's K/V width)
-    ours = search(spec, profile_workload_fn(gpt_profile, cluster, training), cluster, training,
+    ours = search(spec, workload_fn(gpt_profile, cluster, training), cluster, training,
                   Pins(micro_batch_size=2, cp=1))
-    ref = search(spec, lambda b, tp, sp, cp=1: analytic_workload(spec, cluster, training, b, tp, sp, cp), cluster, training,
-                 Pins(micro_batch_size=2, cp=1))
+    ref = search(spec, workload_fn(spec, cluster, training), cluster, training, Pins(micro_batch_size=2, cp=1))
     assert ours.status == ref.status == "OPTIMAL"
     # times differ (traced bytes vs the analytic kernel model), the winning layout on this toy should not
     assert (ours.best.config.tp, ours.best.config.pp, ours.best.config.dp) == (ref.best.config.tp, ref.best.config.pp,

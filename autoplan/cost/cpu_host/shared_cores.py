@@ -9,10 +9,7 @@ A single factor at the mean number of busy ranks misses that the busy phases are
 phases are sped up (the slow-down grows faster than linearly past the core count), and that a stage
 slowed by its neighbours delays the stages after it. Uniform GPipe on 4 stages, 4 micro-batches and 2
 cores: 27 time units here against 24 for the mean-field factor (tests/planner/test_shared_cores.py works
-it by hand). Measured on the 2-core test host, gpt-tiny's pp4 plans ran 15-30% slower than the mean-field
-prediction with a fifth of the CPU idle during the steady state (vmstat), which no single factor can
-produce; with this simulation the same calibration predicts them 10-11% slower than before, which closes
-part of that gap, not all of it.
+it by hand).
 
 ``shared_span`` runs the same dependency graph as ``simulate`` (``compiled``) as a fluid model: each rank
 works through its list; an action starts once its rank is free and its inputs have arrived; between two
@@ -47,8 +44,8 @@ def shared_span(orders: RankOrders, fwd: Sequence[float], bwd: Sequence[float], 
     durations = list(fwd) + list(bwd)
     transfer = list(p2p) + [0.0]
     lists: dict[int, list[int]] = {r: [] for r in orders}
-    for i, action in enumerate(g.actions):
-        lists[action.stage % pp].append(i)
+    for i, rank in enumerate(g.ranks):
+        lists[rank].append(i)
     end = [math.nan] * len(g.rows)
     cursor = {r: 0 for r in lists}
     remaining = {r: durations[g.rows[lists[r][0]][5]] for r in lists if lists[r]}
