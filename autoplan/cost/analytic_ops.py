@@ -88,6 +88,14 @@ EAGER_ELEMENTS: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]
 }
 
 
+# The loss the runtime computes on the head's logits (runtime/build.py ``cross_entropy``: log-softmax and NLL
+# in fp32), counted alone the same two ways: (forward ops, forward views, backward ops, backward views), and
+# the elements per token and padded vocabulary row its ops move (forward, backward). Part of every head's
+# count above; ``head_of_vocabulary`` adds it to a head whatever describes the rest (tests recount it).
+LOSS_HOST_OPS = (2, 3, 3, 3)
+LOSS_EAGER_ELEMENTS = (3.0, 5.0)
+
+
 def eager_bytes(model: ModelSpec, layer: str, split: LayerSplit, training: TrainingSetup) -> tuple[float, float]:
     """(forward, backward) bytes the runtime's eager ops of ``layer`` move for one micro-batch of the whole
     sequence on one device (module doc): the residual stream is split by SP, the heads, MLP and logits by TP."""
@@ -230,11 +238,26 @@ def head_of_vocabulary(rows: int, hidden_size: int, own: EdgeWork, projection: b
     fwd = ((Message("all_gather", hidden),) if sp else ()) + losses
     bwd = (Message("reduce_scatter" if sp else "all_reduce", hidden),)
     weight = rows * hidden_size / tp if projection else 0.0
+    loss_fwd, loss_bwd = loss_eager_bytes(rows, split, training)
+    eager = None if own.eager_bytes is None else (own.eager_bytes[0] + loss_fwd, own.eager_bytes[1] + loss_bwd)
     return LayerOps(params=own.params + weight,
                     gemms=(*own.gemms, Gemm(tokens, rows // tp, hidden_size, fp8=False)), attention=None,
                     elementwise_bytes=own.elementwise_bytes + (e + 8) * logits,
                     elementwise_kernels=own.kernels + LOSS_KERNELS, saved=SavedBytes(saved, saved, saved),
-                    tp_fwd=fwd, tp_bwd=bwd, host=own.host, eager_bytes=own.eager_bytes)
+                    tp_fwd=fwd, tp_bwd=bwd, host=with_loss_ops(own.host, +1), eager_bytes=eager)
+
+
+def loss_eager_bytes(rows: int, split: LayerSplit, training: TrainingSetup) -> tuple[float, float]:
+    """(forward, backward) bytes the loss's eager ops move over ``rows`` (padded) logits split over TP."""
+    per_row = elem_bytes(training.activation_precision) * split.micro_batch_size * training.seq_len * rows / split.tp
+    return LOSS_EAGER_ELEMENTS[0] * per_row, LOSS_EAGER_ELEMENTS[1] * per_row
+
+
+def with_loss_ops(host: HostOps, sign: int) -> HostOps:
+    """``host`` with the loss's op counts added (+1) or taken out (-1)."""
+    counts = tuple(n + sign * k for n, k in zip((host.fwd_ops, host.fwd_views, host.bwd_ops, host.bwd_views),
+                                                LOSS_HOST_OPS))
+    return replace(host, fwd_ops=counts[0], fwd_views=counts[1], bwd_ops=counts[2], bwd_views=counts[3])
 
 
 def embedding_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> LayerOps:
@@ -256,12 +279,14 @@ def head_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> La
     """The head of a spec: the final norm (read, write; split under SP), then the vocabulary's projection
     and loss."""
     hidden = elem_bytes(training.activation_precision) * split.micro_batch_size * training.seq_len * model.hidden_size
+    rows = model.padded_vocab_size(split.tp)
+    fwd, bwd = eager_bytes(model, "head", split, training)  # the runtime's head, its loss included: take it out
+    loss_fwd, loss_bwd = loss_eager_bytes(rows, split, training)
     own = EdgeWork(params=2 * model.hidden_size if model.architecture == "gpt" else model.hidden_size,
                    elementwise_bytes=2 * hidden / split.hidden_shards, kernels=1,
-                   saved_bytes=act.head_input_saved_bytes(model, split, training), host=host_ops(model, "head"),
-                   eager_bytes=eager_bytes(model, "head", split, training))
-    return head_of_vocabulary(model.padded_vocab_size(split.tp), model.hidden_size, own, not model.tie_embeddings,
-                              split, training)
+                   saved_bytes=act.head_input_saved_bytes(model, split, training),
+                   host=with_loss_ops(host_ops(model, "head"), -1), eager_bytes=(fwd - loss_fwd, bwd - loss_bwd))
+    return head_of_vocabulary(rows, model.hidden_size, own, not model.tie_embeddings, split, training)
 
 
 def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetup, split: LayerSplit,

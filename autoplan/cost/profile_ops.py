@@ -8,8 +8,11 @@ core, memory-bound bytes, saved bytes, TP collectives) and leaves the pricing to
 ``cost.workload.build_workload``: so a profile of a model and a spec of it get the same kernel model.
 The embedding and the head are built by the same vocabulary builders as a spec's
 (``analytic_ops.embedding_of_vocabulary`` / ``head_of_vocabulary``); the profile gives only their own
-traced work. A traced profile does not count host ops or the eager kernels' bytes (``HostOps`` and
-``eager_bytes`` stay empty): its memory-bound work is priced at the traced fused bytes on every stack.
+traced work. The profiler counts each layer's eager ops and the bytes they move (profiler/eager_work.py):
+they price host time and an eager stack's memory-bound traffic as a spec's counted tables do
+(cost/analytic_ops.py), so a profile and a spec of the same model cost the same on every device and stack
+(tests/profiler/test_profile_prices_like_spec.py); a profile written before those counts prices its
+memory-bound work at the traced fused bytes and no host ops.
 
 Where each field comes from, per block (the planner treats blocks as identical; it takes the block with
 the most FLOPs, and each byte count's largest value over the blocks):
@@ -26,9 +29,13 @@ the most FLOPs, and each byte count's largest value over the blocks):
   GEMM rows and attention batch are exactly linear in b).
 * forward/backward time: the measured times when the profile was measured on the plan's device in the
   plan's activation dtype; otherwise the builder's kernel model.
+* eager bytes: split like the other byte counts (replicated + split / t; all / t under SP); host ops:
+  as counted (they do not change with TP; DTensor's work per parallelised module is priced apart, one
+  module per linear of the TP splits).
 * recomputation: the profile's attention is flash (measured flash kernels or flash-emulated), so
   selective recomputation frees nothing and costs nothing; full recomputation keeps the block input.
-* TP communication: per TP split of the block what ``analytic_ops.block_tp_messages`` gives a spec's block.
+* TP communication: per TP split of the block what ``analytic_ops.block_tp_messages`` gives a spec's block;
+  on a stack that reduces input gradients per module, one backward all-reduce per column linear.
 * embedding and head: vocabulary-parallel under TP, the head's output projection padded as Megatron pads
   (``MEGATRON_VOCAB_DIVISOR`` x tp rows), with the vocabulary-parallel cross-entropy the trace of a bare
   forward does not contain: the spec's own vocabulary builders.
@@ -41,7 +48,7 @@ from dataclasses import dataclass, replace
 
 from autoplan.cost.activations import SavedBytes, elem_bytes
 from autoplan.cost.analytic_ops import EdgeWork, block_tp_messages, embedding_of_vocabulary, head_of_vocabulary
-from autoplan.cost.layer_ops import AttentionCore, Gemm, LayerOps
+from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message
 from autoplan.cost.workload import LayerSplit, Workload, WorkloadFn, build_workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, StackProfile, TrainingSetup
@@ -63,6 +70,8 @@ class _Shape:
     attention: AttentionShape | None
     fwd_s: float | None
     bwd_s: float | None
+    eager_fwd: float | None = None
+    eager_bwd: float | None = None
 
 
 def check_profile(profile: ModelProfile, cluster: Cluster, training: TrainingSetup, rescale: bool = False) -> bool:
@@ -131,17 +140,26 @@ def profile_workload(profile: ModelProfile, cluster: Cluster, training: Training
     block = max(shapes, key=lambda x: x.fwd_flops)
     saved = max(x.saved_bytes for x in shapes) * r
     elementwise = max(x.elementwise_bytes for x in shapes) * r
+    eager = _eager(block, r)
     if sp:  # SP splits the replicated part too: the unsplit quantity / tp
         full = [_block_shape(layer, b, 1) for layer in blocks]
         saved = max(x.saved_bytes for x in full) * r / tp
         elementwise = max(x.elementwise_bytes for x in full) * r / tp
+        whole = _eager(max(full, key=lambda x: x.fwd_flops), r)
+        eager = None if whole is None else (whole[0] / tp, whole[1] / tp)
     hidden = block.output_bytes * r
     input_bytes = hidden / (tp if sp else 1)
-    fwd, bwd = block_tp_messages(hidden, sp, splits=max(len(layer.tp_splits) for layer in blocks))
+    representative = max(blocks, key=lambda layer: _at(layer, b).fwd_flops)
+    fwd, bwd = block_tp_messages(hidden, sp, splits=len(representative.tp_splits))
+    if stack.tp_input_grad_reduce == "per_module" and not sp:  # one per column-parallel module (schema/stack.py)
+        bwd = (Message("all_reduce", hidden),) * sum(len(s.columns) for s in representative.tp_splits)
     block_ops = LayerOps(
         params=block.params, gemms=_gemms(block.gemms), attention=_core(block.attention),
         elementwise_bytes=elementwise, elementwise_kernels=block.kernels,
-        saved=SavedBytes(saved, saved, input_bytes), tp_fwd=fwd, tp_bwd=bwd)
+        saved=SavedBytes(saved, saved, input_bytes), tp_fwd=fwd, tp_bwd=bwd,
+        host=_host(representative, _at(representative, b), sum(len(s.columns) + 1 for s in representative.tp_splits),
+                   representative.tp_param_tensors),
+        eager_bytes=eager)
     embedding, head, logits = _edge_ops(profile, split, training, r)
     workload = build_workload(
         embedding, block_ops, head, num_layers=len(blocks), split=split, cluster=cluster, training=training,
@@ -150,6 +168,19 @@ def profile_workload(profile: ModelProfile, cluster: Cluster, training: Training
     if use_measured_times and block.fwd_s is not None and block.bwd_s is not None:
         workload = replace(workload, block=replace(workload.block, fwd_s=block.fwd_s, bwd_s=block.bwd_s))
     return workload
+
+
+def _eager(shape: _Shape, r: float) -> tuple[float, float] | None:
+    if shape.eager_fwd is None or shape.eager_bwd is None:
+        return None
+    return shape.eager_fwd * r, shape.eager_bwd * r
+
+
+def _host(layer: LayerProfile, m: LayerMeasurement, tp_modules: int, tp_tensors: int) -> HostOps:
+    """The counted host ops of one layer, its parallelised modules and parameter tensors (zero counts for a
+    profile written before they were counted)."""
+    counts = m.host_ops or (0, 0, 0, 0)
+    return HostOps(*counts, tp_modules=tp_modules, param_tensors=layer.param_tensors, tp_param_tensors=tp_tensors)
 
 
 def _tied(profile: ModelProfile, tp: int) -> float:
@@ -186,10 +217,13 @@ def _edge_ops(profile: ModelProfile, split: LayerSplit, training: TrainingSetup,
     embedding = empty
     if emb_layer is not None:
         m = _at(emb_layer, b)
+        has_table = 0 < table <= emb_layer.params
         own = EdgeWork(params=emb_layer.params - table, elementwise_bytes=m.elementwise_bytes * r,
-                       kernels=max(1, m.elementwise_kernels), saved_bytes=float(m.saved_activation_bytes))
+                       kernels=max(1, m.elementwise_kernels), saved_bytes=float(m.saved_activation_bytes),
+                       host=_host(emb_layer, m, 1 if has_table else 0, 1 if has_table else 0),
+                       eager_bytes=_edge_eager(m, r, split))
         rows = padded
-        if not 0 < table <= emb_layer.params:  # no vocabulary table in it: its parameters split over TP
+        if not has_table:  # no vocabulary table in it: its parameters split over TP
             own, rows = replace(own, params=emb_layer.params / tp), 0
         embedding = embedding_of_vocabulary(rows, hidden_size, own, split, training)
     if head_layer is None:
@@ -199,9 +233,18 @@ def _edge_ops(profile: ModelProfile, split: LayerSplit, training: TrainingSetup,
     own = EdgeWork(params=head_layer.params - (table if projection else 0),
                    elementwise_bytes=m.elementwise_bytes * r / split.hidden_shards,
                    kernels=max(1, m.elementwise_kernels), saved_bytes=m.saved_activation_bytes * r,
-                   gemms=tuple(Gemm(g.m, g.n, g.k, g.count, fp8=False) for g in m.gemms if g.n != vocab))
+                   gemms=tuple(Gemm(g.m, g.n, g.k, g.count, fp8=False) for g in m.gemms if g.n != vocab),
+                   host=_host(head_layer, m, 1, 1 if projection else 0), eager_bytes=_edge_eager(m, r, split))
     head = head_of_vocabulary(padded, hidden_size, own, projection, split, training)
     return embedding, head, tokens * padded / tp
+
+
+def _edge_eager(m: LayerMeasurement, r: float, split: LayerSplit) -> tuple[float, float] | None:
+    """An edge layer's own eager bytes: the hidden state's (the lookup's output, the final norm), split
+    along the sequence under SP, not by TP."""
+    if m.eager_bytes is None:
+        return None
+    return m.eager_bytes[0] * r / split.hidden_shards, m.eager_bytes[1] * r / split.hidden_shards
 
 
 def _at(layer: LayerProfile, b: int) -> LayerMeasurement:
@@ -219,11 +262,12 @@ def _at(layer: LayerProfile, b: int) -> LayerMeasurement:
                     attention=replace(x.attention, batch_heads=round(x.attention.batch_heads * k))
                     if x.attention else None,
                     attention_flops=round(x.attention_flops * k), elementwise_bytes=round(x.elementwise_bytes * k),
-                    elementwise_kernels=x.elementwise_kernels)
+                    elementwise_kernels=x.elementwise_kernels,
+                    eager_bytes=None if x.eager_bytes is None else (x.eager_bytes[0] * k, x.eager_bytes[1] * k))
     return LayerMeasurement(
         micro_batch_size=b, fwd_flops=round(nearest.fwd_flops * k),
         saved_activation_bytes=round(nearest.saved_activation_bytes * k), output_bytes=round(nearest.output_bytes * k),
-        fwd_time_s=scale(nearest.fwd_time_s), bwd_time_s=scale(nearest.bwd_time_s),
+        fwd_time_s=scale(nearest.fwd_time_s), bwd_time_s=scale(nearest.bwd_time_s), host_ops=nearest.host_ops,
         tp_shards=tuple(replace(s, fwd_flops=round(s.fwd_flops * k),
                                 saved_activation_bytes=round(s.saved_activation_bytes * k),
                                 fwd_time_s=scale(s.fwd_time_s), bwd_time_s=scale(s.bwd_time_s), **ops(s))
@@ -232,14 +276,16 @@ def _at(layer: LayerProfile, b: int) -> LayerMeasurement:
 
 def _block_shape(layer: LayerProfile, b: int, tp: int) -> _Shape:
     m = _at(layer, b)
+    fwd_eager, bwd_eager = m.eager_bytes or (None, None)
     if tp == 1:
         return _Shape(layer.params, m.fwd_flops, m.saved_activation_bytes, m.output_bytes, m.elementwise_bytes,
-                      m.elementwise_kernels, m.gemms, m.attention, m.fwd_time_s, m.bwd_time_s)
+                      m.elementwise_kernels, m.gemms, m.attention, m.fwd_time_s, m.bwd_time_s, fwd_eager, bwd_eager)
     shard = m.shard(tp)
     if shard is not None:
+        sf, sb = shard.eager_bytes or (None, None)
         return _Shape(shard.params, shard.fwd_flops, shard.saved_activation_bytes, m.output_bytes,
                       shard.elementwise_bytes, shard.elementwise_kernels, shard.gemms, shard.attention,
-                      shard.fwd_time_s, shard.bwd_time_s)
+                      shard.fwd_time_s, shard.bwd_time_s, sf, sb)
     if not m.tp_shards:
         raise SpecError(f"tp: the profile of {layer.name} has no TP shards; re-run autoplan profile --tp-sizes 1,{tp}")
     u = max(m.tp_shards, key=lambda s: s.tp)
@@ -249,11 +295,13 @@ def _block_shape(layer: LayerProfile, b: int, tp: int) -> _Shape:
             return None
         part = (q1 - qu) * u.tp / (u.tp - 1)
         return q1 - part + part / tp
+    uf, ub = u.eager_bytes or (None, None)
     return _Shape(split(layer.params, u.params), split(m.fwd_flops, u.fwd_flops),
                   split(m.saved_activation_bytes, u.saved_activation_bytes), m.output_bytes,
                   split(m.elementwise_bytes, u.elementwise_bytes), m.elementwise_kernels,
                   _split_gemms(m.gemms, u.gemms, u.tp, tp, layer.name), _split_attention(m.attention, u.attention, u.tp, tp),
-                  split(m.fwd_time_s, u.fwd_time_s), split(m.bwd_time_s, u.bwd_time_s))
+                  split(m.fwd_time_s, u.fwd_time_s), split(m.bwd_time_s, u.bwd_time_s),
+                  split(fwd_eager, uf), split(bwd_eager, ub))
 
 
 def _split_gemms(full: tuple[GemmShape, ...], shard: tuple[GemmShape, ...], u: int, tp: int,

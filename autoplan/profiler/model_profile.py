@@ -7,7 +7,9 @@ Steps, and why in this order:
    output bytes, and, from the first trace, the TP splits of one block of each kind.
 2. For each TP size > 1, shard that block (``shard``) and trace it alone on meta: one rank's params,
    FLOPs and saved bytes at that size, exactly, instead of dividing by ``tp`` and hoping.
-3. Only on a real device: build one block of each kind (and each TP shard) for real, time forward and
+3. On meta too, count each layer's eager ops and the bytes they move, forward and backward
+   (``eager_work``): what a stack that runs the layers op by op pays beyond the kernels' FLOPs.
+4. Only on a real device: build one block of each kind (and each TP shard) for real, time forward and
    backward, and take its saved bytes from the real kernels (``attention_memory: measured``).
 """
 
@@ -25,6 +27,7 @@ from torch import nn
 from autoplan.errors import SpecError
 from autoplan.profiler.attention import flash_emulated_sdpa
 from autoplan.profiler.blocks import block_signature, find_blocks
+from autoplan.profiler.eager_work import EagerWork, block_work, edge_work
 from autoplan.profiler.load import LoadedModel, load_model
 from autoplan.profiler.op_classes import SegmentOps, index_trace, segment_ops
 from autoplan.profiler.shard import sharded_copy
@@ -77,12 +80,15 @@ def profile_model(model_arg: str, options: ProfileOptions) -> ModelProfile:
     kinds = _kinds(blocks, signatures, first, traces)
     shards = {(sig, b): _meta_shards(kind, b, options.tp_sizes) for sig, kind in kinds.items()
               for b in options.micro_batch_sizes}
+    start = time.perf_counter()
+    work = _eager_work(loaded, blocks, kinds, options.micro_batch_sizes)
+    _say(options, f"  eager ops and bytes counted forward and backward in {time.perf_counter() - start:.1f} s")
     if any(t > 1 for t in options.tp_sizes):
         _say(options, f"  {len(kinds)} block kind(s); TP shards traced at {sorted(set(options.tp_sizes) - {1})}")
     timings: dict[tuple[str, int, int], BlockTiming] = {}
     if device.type != "meta":
         timings = _time_kinds(kinds, shards, device, options)
-    layers = _layers(blocks, signatures, kinds, traces, shards, timings, options.micro_batch_sizes)
+    layers = _layers(blocks, signatures, kinds, traces, shards, timings, work, options.micro_batch_sizes)
     total = sum(layer.params for layer in layers)
     unique = sum(p.numel() for p in loaded.model.parameters())  # parameters() deduplicates tied weights
     assert total == unique, f"traced params {total} != model params {unique}"  # a tracer bug, not user input
@@ -135,12 +141,31 @@ def _meta_shards(kind: _Kind, b: int, tp_sizes: tuple[int, ...]) -> list[TpShard
         args, kwargs = real_inputs(*kind.inputs[b], META)
         try:
             trace = _trace_block(shard, args, kwargs)
+            eager = block_work(shard, args, kwargs, b)
         except (RuntimeError, ValueError, IndexError):
             continue  # the block's code does not run at this shard shape (a hard-coded head count or split size)
         result.append(TpShard(tp=tp, params=trace.params["block"] + trace.params[HEAD],
                               fwd_flops=trace.flops("block"), saved_activation_bytes=trace.saved_bytes("block"),
-                              **op_fields(segment_ops(trace, "block"))))
+                              eager_bytes=eager.eager_bytes, **op_fields(segment_ops(trace, "block"))))
     return result
+
+
+def _eager_work(loaded: LoadedModel, blocks: list[tuple[str, nn.Module]], kinds: dict[str, _Kind],
+                sizes: tuple[int, ...]) -> dict[tuple[str, int], EagerWork]:
+    """(layer kind: "embedding", "head" or a block signature, micro-batch) -> its eager ops and bytes."""
+    work: dict[tuple[str, int], EagerWork] = {}
+    for b in sizes:
+        edges = edge_work(loaded.model, lambda n: call_with(loaded.model, loaded.make_batch(n, META)), blocks, b)
+        work.update({(k, b): w for k, w in edges.items()})
+        for sig, kind in kinds.items():
+            work[(sig, b)] = block_work(kind.block, *real_inputs(*kind.inputs[b], META), b)
+    return work
+
+
+def _tp_param_tensors(block: nn.Module, splits: tuple[TpSplit, ...]) -> int:
+    """Parameter tensors of the linears tensor parallelism splits (their weights and biases)."""
+    names = {n for split in splits for n in (*split.columns, split.row)}
+    return sum(len(list(block.get_submodule(n).parameters(recurse=False))) for n in names)
 
 
 def op_fields(ops: SegmentOps) -> dict[str, Any]:
@@ -169,10 +194,10 @@ def _time_kinds(kinds: dict[str, _Kind], shards: dict[tuple[str, int], list[TpSh
     return timings
 
 
-def _layers(blocks, signatures, kinds, traces, shards, timings, sizes) -> list[LayerProfile]:
+def _layers(blocks, signatures, kinds, traces, shards, timings, work, sizes) -> list[LayerProfile]:
     first = traces[sizes[0]]
     indexes = {b: index_trace(t) for b, t in traces.items()}
-    layers = [_edge_layer(EMBEDDING, traces, indexes, sizes)]
+    layers = [_edge_layer(EMBEDDING, traces, indexes, work, sizes)]
     for name, _ in blocks:
         sig = signatures[name]
         measurements = []
@@ -184,11 +209,14 @@ def _layers(blocks, signatures, kinds, traces, shards, timings, sizes) -> list[L
                 saved_activation_bytes=timing.saved_activation_bytes if timing else trace.saved_bytes(name),
                 output_bytes=trace.output_bytes[name],
                 fwd_time_s=timing.fwd_time_s if timing else None, bwd_time_s=timing.bwd_time_s if timing else None,
-                tp_shards=tuple(found), **op_fields(segment_ops(trace, name, indexes[b]))))
+                tp_shards=tuple(found), host_ops=work[(sig, b)].host_ops, eager_bytes=work[(sig, b)].eager_bytes,
+                **op_fields(segment_ops(trace, name, indexes[b]))))
+        kind = kinds[sig]
         layers.append(LayerProfile(name=name, kind="block", block_type=sig, params=first.params[name],
-                                   param_bytes=first.param_bytes[name], tp_splits=kinds[sig].splits,
-                                   measurements=tuple(measurements)))
-    layers.append(_edge_layer(HEAD, traces, indexes, sizes))
+                                   param_bytes=first.param_bytes[name], tp_splits=kind.splits,
+                                   measurements=tuple(measurements), param_tensors=first.param_tensors[name],
+                                   tp_param_tensors=_tp_param_tensors(kind.block, kind.splits)))
+    layers.append(_edge_layer(HEAD, traces, indexes, work, sizes))
     return layers
 
 
@@ -199,16 +227,19 @@ def _timed_shard(shard: TpShard, timing: BlockTiming | None) -> TpShard:
                    bwd_time_s=timing.bwd_time_s)
 
 
-def _edge_layer(segment: str, traces: dict[int, Trace], indexes: dict, sizes: tuple[int, ...]) -> LayerProfile:
+def _edge_layer(segment: str, traces: dict[int, Trace], indexes: dict, work: dict, sizes: tuple[int, ...]) -> LayerProfile:
     """The embedding or the head: traced on meta only (never timed)."""
     first = traces[sizes[0]]
     measurements = tuple(LayerMeasurement(micro_batch_size=b, fwd_flops=traces[b].flops(segment),
                                           saved_activation_bytes=traces[b].saved_bytes(segment),
                                           output_bytes=traces[b].output_bytes.get(segment, 0),
+                                          host_ops=work[(segment, b)].host_ops,
+                                          eager_bytes=work[(segment, b)].eager_bytes,
                                           **op_fields(segment_ops(traces[b], segment, indexes[b])))
                          for b in sizes)
     return LayerProfile(name=segment, kind=segment, block_type=segment, params=first.params[segment],
-                        param_bytes=first.param_bytes[segment], tp_splits=(), measurements=measurements)
+                        param_bytes=first.param_bytes[segment], tp_splits=(), measurements=measurements,
+                        param_tensors=first.param_tensors[segment])
 
 
 def _device_name(device: torch.device) -> str:

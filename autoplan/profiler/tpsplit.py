@@ -24,6 +24,7 @@ PER_SHARD_OPS = {
     "view", "_unsafe_view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "clone",
     "contiguous", "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "cat", "stack", "alias",
     "detach", "_to_copy", "copy_", "flatten", "unflatten", "t", "native_dropout", "dropout",
+    "bernoulli", "bernoulli_",  # a dropout mask drawn per element (the math attention's dropout on meta)
     "bmm", "matmul", "baddbmm", "_softmax", "softmax", "_safe_softmax", "masked_fill", "where", "tril",
     "repeat_interleave", "index_select", "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",

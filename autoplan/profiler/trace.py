@@ -84,6 +84,7 @@ class Trace:
     shared_params: int = 0
     """Parameters used by a later segment than the one that owns them (a tied head weight)."""
     param_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    param_tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     output_bytes: dict[str, int] = field(default_factory=dict)
     hidden_input: dict[str, int] = field(default_factory=dict)
     """id of each block's hidden-state input (its first floating-point tensor argument)."""
@@ -144,7 +145,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
-            return _meta_item(args[0])
+            return meta_item(args[0])
         out = func(*args, **kwargs)
         flat_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -179,6 +180,8 @@ class _Recorder(TorchDispatchMode):
             self.trace.nbytes.setdefault(id(t), t.numel() * t.element_size())
         for t in flat_out:
             self.trace.storage_of[id(t)] = _storage_key(t)
+        for t in flat_in:  # parameters and inputs are no op's output: op_classes asks whose storage they are
+            self.trace.storage_of.setdefault(id(t), _storage_key(t))
         if (func.is_view or func._overloadpacket.__name__ in _ALIASES) and flat_in and flat_out:
             self.trace.view_base[id(flat_out[0])] = id(flat_in[0])
 
@@ -190,6 +193,7 @@ class _Recorder(TorchDispatchMode):
             if owner is not None:
                 self.trace.params[self.state.segment] += owner[1]
                 self.trace.param_bytes[self.state.segment] += owner[2]
+                self.trace.param_tensors[self.state.segment] += 1
                 self.claimed[key] = (self.state.segment, owner[1])
             elif key in self.claimed and self.claimed[key][0] != self.state.segment:
                 self.trace.shared_params += self.claimed.pop(key)[1]
@@ -230,7 +234,7 @@ def _per_head_reduction(func, args: tuple) -> bool:
     return False
 
 
-def _meta_item(t: torch.Tensor) -> bool | int:
+def meta_item(t: torch.Tensor) -> bool | int:
     """A meta tensor has no value, yet HF code asks ``.item()``/``.all()`` of masks and position ids
     ("is the padding mask all ones?", "are the sequences unpacked?"). For a bool we answer True, which is
     the training case of full, unpacked sequences; for a number 0."""
@@ -340,6 +344,7 @@ def trace_forward(model: nn.Module, blocks: list[tuple[str, nn.Module]], run: An
     for _, numel, nbytes in param_owner.values():
         trace.params[HEAD] += numel
         trace.param_bytes[HEAD] += nbytes
+        trace.param_tensors[HEAD] += 1
     logits = getattr(out, "logits", out)
     trace.output_bytes[HEAD] = _tensor_bytes(logits)
     trace.keepalive.append(out)

@@ -84,11 +84,15 @@ class TpShard:
     attention_flops: int = 0
     elementwise_bytes: int = 0
     elementwise_kernels: int = 0
+    eager_bytes: tuple[float, float] | None = None
+    """(forward, backward) bytes the shard's eager ops move, as ``LayerMeasurement.eager_bytes`` counts them."""
 
     def validate(self) -> None:
         require_range(self, "tp", 1, MAX_DEVICES_PER_NODE)
         require_range(self, "params", 0, MAX_PARAMS)
         require_physical(self)  # flops, bytes and times >= 0
+        require(self.eager_bytes is None or all(b >= 0 for b in self.eager_bytes), "eager_bytes",
+                "two byte counts >= 0: forward, backward")
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,13 @@ class LayerMeasurement:
     elementwise_bytes: int = 0
     """Bytes the memory-bound ops read and write in the forward, fused between GEMMs (op_classes.py)."""
     elementwise_kernels: int = 0
+    host_ops: tuple[int, int, int, int] | None = None
+    """(forward compute ops, forward views, backward compute ops, backward views) of the layer's eager ops as
+    a ``TorchDispatchMode`` counts them, GEMM and attention calls apart (profiler/eager_work.py); what a stack
+    that runs the layer op by op pays host time for. None: not counted (a profile written before)."""
+    eager_bytes: tuple[float, float] | None = None
+    """(forward, backward) bytes the layer's eager compute ops read and write that grow with the tokens (an
+    eager stack's memory-bound traffic, cost/layer_ops.py), at the profile's dtype. None: not counted."""
 
     def shard(self, tp: int) -> TpShard | None:
         return next((s for s in self.tp_shards if s.tp == tp), None)
@@ -120,6 +131,10 @@ class LayerMeasurement:
     def validate(self) -> None:
         require_range(self, "micro_batch_size", 1, MAX_BATCH_SIZE)
         require_physical(self)  # flops, bytes and times >= 0
+        require(self.host_ops is None or all(0 <= n <= MAX_PARAMS for n in self.host_ops), "host_ops",
+                "four counts >= 0: forward ops, forward views, backward ops, backward views")
+        require(self.eager_bytes is None or all(b >= 0 for b in self.eager_bytes), "eager_bytes",
+                "two byte counts >= 0: forward, backward")
 
 
 @dataclass(frozen=True)
@@ -134,10 +149,16 @@ class LayerProfile:
     tp_splits: tuple[TpSplit, ...]
     measurements: tuple[LayerMeasurement, ...]
     """One per micro-batch size of the profile, in the same order."""
+    param_tensors: int = 0
+    """Parameter tensors first used by the layer (the optimizer steps them one by one)."""
+    tp_param_tensors: int = 0
+    """Of those, the ones tensor parallelism splits (the linears of ``tp_splits``; a vocabulary table)."""
 
     def validate(self) -> None:
         require_range(self, "params", 0, MAX_PARAMS)
         require_range(self, "param_bytes", 0, 16 * MAX_PARAMS)
+        require_range(self, "param_tensors", 0, MAX_PARAMS)
+        require_range(self, "tp_param_tensors", 0, self.param_tensors if self.param_tensors else MAX_PARAMS)
 
     def measurement(self, micro_batch_size: int) -> LayerMeasurement:
         for m in self.measurements:

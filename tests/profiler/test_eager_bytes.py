@@ -92,3 +92,25 @@ def test_host_op_counts_are_the_runtime_layers(name, layer):
         assert counted[:2] == table[:2]
     else:
         assert counted == table
+
+
+def test_loss_counts_are_the_runtime_loss():
+    """The loss every head adds (analytic_ops.LOSS_HOST_OPS, LOSS_EAGER_ELEMENTS): the runtime's cross-entropy
+    on a vocabulary's logits, counted alone, forward and backward (its implicit unit gradient included)."""
+    from autoplan.cost.analytic_ops import LOSS_EAGER_ELEMENTS, LOSS_HOST_OPS
+    from autoplan.profiler.hardware.eager_bytes import _Widths, count_elements
+    from runtime.build import cross_entropy
+
+    s, vocab = PROBE.seq_len, PROBE.padded_vocab_size(1)
+    logits = torch.randn(PROBE_BATCH, s, vocab, requires_grad=True)
+    targets = torch.zeros(PROBE_BATCH, s, dtype=torch.long)
+    fwd, loss, _ = count_ops(lambda: cross_entropy(logits, targets))
+    bwd, _, _ = count_ops(lambda: loss.backward())
+    assert (fwd.compute, fwd.views, bwd.compute, bwd.views) == LOSS_HOST_OPS
+    widths = _Widths(PROBE_BATCH * s, PROBE.hidden_size, PROBE.kv_size, PROBE.ffn_hidden_size, vocab)
+    logits.grad = None  # a second backward would add into the first one's gradient
+    loss = cross_entropy(logits, targets)
+    forward = count_elements(lambda: cross_entropy(logits, targets), widths)
+    backward = count_elements(lambda: loss.backward(), widths)
+    assert (forward["vocab"], backward["vocab"]) == LOSS_EAGER_ELEMENTS
+    assert all(forward[c] == backward[c] == 0 for c in CLASSES if c != "vocab")
