@@ -6,6 +6,9 @@ dev_runs.yaml) and the DP all-reduce overlapped or not as the run's DDP implemen
 does not publish is searched among what Megatron-LM could run (micro-batch size; 1F1B, or interleaved
 with layers divisible into pp x v equal chunks; equal stages). The prediction is compared as the source
 counts it (Narayanan: TFLOP/s with recomputation, i.e. hardware_tflops_per_gpu; Korthikanti: MFU).
+Every run is predicted for the stack that ran it: ``megatron-lm`` (profiles/stacks/megatron-lm.yaml,
+Megatron-LM 2021-22 with Apex kernels), whose GEMM efficiency is fitted to these runs
+(``python benchmarks/stack_runs.py --fit`` prints the fit and each run's leave-one-out error).
 Prints a table and the largest relative error.
 
     python benchmarks/dev_set.py
@@ -21,15 +24,20 @@ from pathlib import Path
 import yaml
 
 from autoplan.cost.model_workload import workload_fn
-from autoplan.schema import ModelSpec, TrainingSetup, load_cluster
+from autoplan.schema import ModelSpec, StackProfile, TrainingSetup, load_cluster, load_stack
 from autoplan.search.planner import search
 from autoplan.search.result import plan_of, solver_info
 from autoplan.search.space import Pins, SearchLimits
 
 RUNS = Path(__file__).parent / "data" / "dev_runs.yaml"
+STACK = "megatron-lm"
 
 
-def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
+def load_runs() -> list[dict]:
+    return yaml.safe_load(RUNS.read_text())
+
+
+def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb", stack: StackProfile | None = None):
     model = ModelSpec(name=run["name"], architecture="gpt", num_layers=run["layers"], hidden_size=run["hidden_size"],
                       ffn_hidden_size=run["ffn_hidden_size"], num_attention_heads=run["heads"],
                       num_kv_heads=run["heads"], vocab_size=run["vocab_size"], seq_len=run["seq_len"], dropout=0.1)
@@ -39,7 +47,7 @@ def predict_run(run: dict, cluster_name: str = "dgx-a100-80gb"):
                              grad_accumulation_fusion=False)
     pins = Pins(tp=run["tp"], pp=run["pp"], dp=run["dp"], zero_stage=run["zero_stage"],
                 sequence_parallel=run["sp"], recompute=run["recompute"], offload_optimizer=False)
-    fn = workload_fn(model, cluster, training)
+    fn = workload_fn(model, cluster, training, stack or load_stack(STACK))
     best = None
     if run.get("micro_batch_size"):  # published (Korthikanti): the micro-batch and the interleaving are known
         pins = dataclasses.replace(pins, micro_batch_size=run["micro_batch_size"])
@@ -77,8 +85,16 @@ def megatron_schedules(layers: int, pp: int) -> list[dict]:
     return options
 
 
+def error_of(run: dict, plan) -> tuple[float, float, str]:
+    """(published, predicted, unit) as the run's source counts it."""
+    if run["counted_as"] == "hardware_tflops":
+        return run["published_tflops_per_gpu"], plan.predicted.hardware_tflops_per_gpu, "TF"
+    return run["published_mfu_pct"], 100 * plan.predicted.mfu, "%MFU"
+
+
 def main() -> int:
-    runs = yaml.safe_load(RUNS.read_text())
+    runs = load_runs()
+    print(f"stack: {STACK} (profiles/stacks/{STACK}.yaml)")
     header = f"{'run':45s} {'tp':>3s} {'pp':>3s} {'dp':>3s} {'searched':28s} {'published':>10s} {'predicted':>10s} {'error':>7s}"
     print(header)
     print("-" * len(header))
@@ -90,10 +106,7 @@ def main() -> int:
             print(f"{run['name']:45s} nothing fits")
             worst = float("inf")
             continue
-        if run["counted_as"] == "hardware_tflops":
-            published, predicted, unit = run["published_tflops_per_gpu"], plan.predicted.hardware_tflops_per_gpu, "TF"
-        else:
-            published, predicted, unit = run["published_mfu_pct"], 100 * plan.predicted.mfu, "%MFU"
+        published, predicted, unit = error_of(run, plan)
         error = predicted / published - 1
         worst = max(worst, abs(error))
         searched = f"{plan.schedule}{'' if plan.virtual_stages == 1 else plan.virtual_stages} mbs{plan.micro_batch_size} m{plan.num_microbatches}"

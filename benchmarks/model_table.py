@@ -26,7 +26,7 @@ import time
 from autoplan.cost.analytic_ops import block_ops
 from autoplan.cost.compute import flash_attention_time_s
 from autoplan.cost.layer_ops import kernel_times
-from autoplan.cost.model_workload import stack_for, workload_fn
+from autoplan.cost.model_workload import stack_or_default, workload_fn
 from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
 from autoplan.schema import TrainingSetup, load_cluster, load_model
@@ -70,7 +70,7 @@ def row(model_name: str, cluster_name: str) -> str:
     if result.best is None:
         return f"{label}  nothing fits in {cluster.device.memory_gib:.0f} GiB"
     layout, predicted = predicted_of(result.best, cluster, training)
-    stack = stack_for(cluster)
+    stack = stack_or_default()
     ops = block_ops(model, LayerSplit(layout.micro_batch_size, tp, sp), training, stack)
     times = kernel_times(ops, cluster, training, stack)
     gemm_eff = sum(g.flops for g in ops.gemms) / (times.gemm_fwd_s * cluster.device.peak_bf16_tflops * 1e12)

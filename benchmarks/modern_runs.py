@@ -1,6 +1,10 @@
 """A sanity check on modern public runs (bf16, flash attention, FSDP and 3D parallelism): printed against the
-cost model's predictions. NOT used to set anything: the device profiles come from kernel-level measurements
-only, and the calibration-free dev set stays benchmarks/dev_set.py.
+cost model's predictions. NOT used to set anything: the device profiles come from kernel-level measurements,
+the stacks' fitted parameters from benchmarks/data/stack_runs.yaml and the dev set only.
+
+Each run is predicted for the stack that ran it: torchtitan's A100 runs (early 2024, eager, FSDP2) for
+``torchtitan``; Meta's Llama 3 405B runs (its own stack, Megatron-like: TP and PP with fused kernels) for
+``megatron``.
 
 Each run is predicted with its published layout pinned (TP, PP, DP, ZeRO stage, and recomputation where
 the source gives it) and the rest searched. Throughput is compared as tokens/s per GPU where the source
@@ -24,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from autoplan.cost.model_workload import workload_fn
-from autoplan.schema import ModelSpec, TrainingSetup, load_cluster, load_model
+from autoplan.schema import ModelSpec, TrainingSetup, load_cluster, load_model, load_stack
 from autoplan.search.planner import search
 from autoplan.search.result import predicted_of
 from autoplan.search.space import Pins
@@ -45,6 +49,7 @@ class Run:
     pins: Pins
     published: float
     unit: str  # "tok/s/GPU" or "TF/GPU"
+    stack: str
 
 
 def fsdp(dp: int, mbs: int, recompute: str | None) -> Pins:
@@ -53,24 +58,25 @@ def fsdp(dp: int, mbs: int, recompute: str | None) -> Pins:
 
 RUNS = [
     Run("torchtitan llama3-8b, selective op AC", load_model("llama3-8b"), "dgx-a100-80gb", 8, 64,
-        fsdp(64, 1, None), 2973, "tok/s/GPU"),
+        fsdp(64, 1, "selective"), 2973, "tok/s/GPU", "torchtitan"),
     Run("torchtitan llama3-70b, full AC", load_model("llama3-70b"), "dgx-a100-80gb", 8, 64,
-        fsdp(64, 1, "full"), 331, "tok/s/GPU"),
+        fsdp(64, 1, "full"), 331, "tok/s/GPU", "torchtitan"),
     Run("torchtitan llama2-13b, bs 2, no AC", LLAMA2_13B, "dgx-a100-80gb", 8, 128, fsdp(64, 2, "none"), 2162,
-        "tok/s/GPU"),
+        "tok/s/GPU", "torchtitan"),
     Run("torchtitan llama2-70b, bs 2, full AC", LLAMA2_70B, "dgx-a100-80gb", 8, 128, fsdp(64, 2, "full"), 353,
-        "tok/s/GPU"),
+        "tok/s/GPU", "torchtitan"),
     Run("Llama 3 405B, 8,192 H100 (Table 4)", load_model("llama3-405b"), "dgx-h100-80gb", 1024, 2048,
-        Pins(tp=8, pp=16, dp=64, zero_stage=1, sequence_parallel=True, offload_optimizer=False), 430, "TF/GPU"),
+        Pins(tp=8, pp=16, dp=64, zero_stage=1, sequence_parallel=True, offload_optimizer=False), 430, "TF/GPU", "megatron"),
     Run("Llama 3 405B, 16,384 H100 (Table 4)", load_model("llama3-405b"), "dgx-h100-80gb", 2048, 2048,
-        Pins(tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, offload_optimizer=False), 400, "TF/GPU"),
+        Pins(tp=8, pp=16, dp=128, zero_stage=1, sequence_parallel=True, offload_optimizer=False), 400, "TF/GPU", "megatron"),
 ]
 
 
 def predict(run: Run) -> tuple[float, str]:
     cluster = dataclasses.replace(load_cluster(run.cluster), num_nodes=run.nodes)
     training = TrainingSetup(global_batch_size=run.global_batch, seq_len=run.model.seq_len)
-    result = search(run.model, workload_fn(run.model, cluster, training), cluster, training, run.pins, top_k=1)
+    fn = workload_fn(run.model, cluster, training, load_stack(run.stack))
+    result = search(run.model, fn, cluster, training, run.pins, top_k=1)
     if result.best is None:
         return float("nan"), "nothing fits"
     layout, predicted = predicted_of(result.best, cluster, training)
@@ -83,12 +89,12 @@ def predict(run: Run) -> tuple[float, str]:
 
 
 def main() -> int:
-    print(f"{'run':40s} {'published':>16s} {'predicted':>16s} {'error':>7s}  searched")
+    print(f"{'run':40s} {'stack':11s} {'published':>16s} {'predicted':>16s} {'error':>7s}  searched")
     t0 = time.perf_counter()
     for run in RUNS:
         value, note = predict(run)
         error = value / run.published - 1
-        print(f"{run.name:40s} {run.published:8.0f} {run.unit:>7s} {value:8.0f} {run.unit:>7s} {100 * error:+6.1f}%  {note}",
+        print(f"{run.name:40s} {run.stack:11s} {run.published:8.0f} {run.unit:>7s} {value:8.0f} {run.unit:>7s} {100 * error:+6.1f}%  {note}",
               flush=True)
     print(f"({time.perf_counter() - t0:.0f} s)")
     return 0

@@ -18,7 +18,7 @@ from torch import nn
 
 from autoplan.schema import Plan
 from autoplan.schema.schedule import stages_of_rank
-from runtime.device import MemoryMeter
+from runtime.device import MemoryMeter, autocast_dtype
 from runtime.mesh import ParallelMesh
 from runtime.models import build_stage_model
 from runtime.models.dropout import DropoutState, attach
@@ -28,6 +28,7 @@ from runtime.parallel.data_parallel import apply_data_parallel
 from runtime.parallel.pipeline import DropoutRows, build_pipeline
 from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tensor_parallel import apply_tp
+from runtime.train.loss_scale import LossScale
 from runtime.train.optim import Optimizers
 
 
@@ -49,6 +50,8 @@ class Parts:
     clip_excluded: set[int] = field(default_factory=set)
     positions: torch.Tensor | None = None
     """Context parallelism: the global positions of this rank's tokens (None: the whole sequence)."""
+    loss_scale: LossScale = field(default_factory=lambda: LossScale(False))
+    """fp16: the dynamic loss scale the losses are multiplied by before backward (runtime/train/loss_scale.py)."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for m in self.models for p in m.parameters()]
@@ -78,7 +81,8 @@ def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool
     if meter is not None:
         for block in model.blocks.values():
             block.register_forward_hook(meter.hook)
-    apply_data_parallel(model, pm.dp_cp_mesh, plan.zero_stage, plan.offload_optimizer)
+    apply_data_parallel(model, pm.dp_cp_mesh, plan.zero_stage, plan.offload_optimizer,
+                        autocast_dtype(pm.device, plan.training.precision))
     if materialize:
         # with offload FSDP2 keeps the sharded parameters on the host (torchtitan's init_device)
         model.to_empty(device=torch.device("cpu") if plan.offload_optimizer else pm.device)
@@ -120,9 +124,15 @@ def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, 
             parts_kw["clip_excluded"] = {id(head)}  # counted once, on the first stage (Megatron)
         parts_kw["tied_params"] = tied
     optimizer = Optimizers(models, plan.training)
+    loss_scale = LossScale(autocast_dtype(pm.device, plan.training.precision) == torch.float16)
     schedule = None
     if num_stages > 1:
         rows_per_replica = plan.training.global_batch_size // plan.dp
-        schedule = build_pipeline(plan, dict(zip(stage_ids, models)), pm, cross_entropy,
+
+        def scaled_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return loss_scale.scale(cross_entropy(logits, targets))
+
+        schedule = build_pipeline(plan, dict(zip(stage_ids, models)), pm, scaled_loss,
                                   DropoutRows(dropout, plan.micro_batch_size, pm.dp_rank * rows_per_replica))
-    return Parts(models, stage_ids, schedule, optimizer, has_first, has_last, loss_parallel, dropout, **parts_kw)
+    return Parts(models, stage_ids, schedule, optimizer, has_first, has_last, loss_parallel, dropout,
+                 loss_scale=loss_scale, **parts_kw)

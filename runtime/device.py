@@ -65,6 +65,14 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.peak_bytes = heap_in_use_bytes() if self.device.type == "cpu" else 0
 
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def peak_reserved(self) -> int:
+        """CUDA: the caching allocator's reserved peak since ``reset`` (what nvidia-smi and torchtitan show)."""
+        return int(torch.cuda.max_memory_reserved(self.device)) if self.on_cuda else 0
+
     def sample(self) -> None:
         if self.device.type == "cpu":
             self.peak_bytes = max(self.peak_bytes, heap_in_use_bytes())

@@ -73,9 +73,11 @@ class Trainer:
         with self._phase("tied grads"):
             self._sum_tied_grads()
         with self._phase("clip"):
+            parts.loss_scale.unscale_(parts.parameters())
             norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, pm.dims.stage_ranks,
                                   parts.clip_excluded)
-        parts.optimizer.step()
+        if parts.loss_scale.update(float(norm)):  # fp16: an overflow skips the step on every rank
+            parts.optimizer.step()
         with self._phase("loss"):
             loss = self._global_loss(loss)
         if pm.device.type == "cuda":
@@ -101,7 +103,7 @@ class Trainer:
                 with region(FORWARD, 0, i), self._phase(f"forward 0 {i}"):
                     loss = cross_entropy(model(xm), ym) / n
                 with region(BACKWARD, 0, i), self._phase(f"backward 0 {i}"):
-                    loss.backward()
+                    self.parts.loss_scale.scale(loss).backward()
             loss = loss.detach()
             total += loss.full_tensor() if isinstance(loss, DTensor) else loss
         return total
@@ -114,7 +116,7 @@ class Trainer:
         parts.schedule.step(*args, **kwargs)
         if not parts.has_last:
             return torch.zeros((), device=self.pm.device)
-        return torch.stack([l.detach().float() for l in losses]).mean()
+        return torch.stack([l.detach().float() for l in losses]).mean() / parts.loss_scale.value
 
     def _sum_tied_grads(self) -> None:
         """Tied embedding over pp > 1: sum the grads of the stage-0 embedding and the last-stage head copy
@@ -190,7 +192,8 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
         probe = probe_between_steps(trainer.pm.device)  # the host's speed now, outside the timed step
         row = log.record(step + 1, r.loss, r.step_time_s, tokens, r.peak_bytes / GIB,
                          lr_at(step, plan.training), r.grad_norm, [b / GIB for b in r.peak_bytes_per_rank],
-                         profiled=bool(tracer) and step in tracer.traced, speed_probe=probe)
+                         profiled=bool(tracer) and step in tracer.traced, speed_probe=probe,
+                         reserved_gib=trainer.meter.peak_reserved() / GIB if trainer.meter.on_cuda else None)
         if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
             print(f"step {row['step']:>5}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
                   f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB", flush=True)

@@ -3,7 +3,8 @@
 The import graph is read with ``ast`` from every module of ``autoplan/`` and ``runtime/``, imports inside
 functions included (a cycle hidden behind a function-level import is still a cycle). The layers, from the
 bottom: ``autoplan.errors`` and ``profiles``; ``autoplan.schema`` (the contract); ``autoplan.cost`` (pure
-functions); ``autoplan.search``; ``autoplan.report`` and ``autoplan.launcher``; ``autoplan.cli`` on top.
+functions) and ``autoplan.export`` (a plan in another stack's configuration); ``autoplan.search``;
+``autoplan.report`` and ``autoplan.launcher``; ``autoplan.cli`` on top.
 ``runtime`` reads only the contract; ``autoplan.profiler`` is the one part of ``autoplan`` that builds
 torch modules and may borrow the runtime's models. ``python -m tests.test_layers`` prints the graph's
 packages and their arrows.
@@ -25,6 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "autoplan.cost": {"autoplan.errors", "autoplan.schema"},
     "autoplan.search": {"autoplan.errors", "autoplan.schema", "autoplan.cost"},
     "autoplan.report": {"autoplan.errors", "autoplan.schema", "autoplan.cost", "autoplan.search"},
+    # a plan in another stack's configuration: reads the contract only
+    "autoplan.export": {"autoplan.errors", "autoplan.schema"},
     # the launcher checks a checkpoint folder before any process starts with the runtime's torch-free
     # lock and manifest readers (runtime/train/lock.py, manifest.py)
     "autoplan.launcher": {"autoplan.errors", "autoplan.schema", "runtime.train.lock", "runtime.train.manifest"},
@@ -33,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"autoplan.errors", "autoplan.schema"},
 }
 # the planning path must load without torch (a planner machine has no GPU stack)
-TORCH_FREE = ("autoplan.schema", "autoplan.cost", "autoplan.search", "autoplan.report")
+TORCH_FREE = ("autoplan.schema", "autoplan.cost", "autoplan.search", "autoplan.report", "autoplan.export")
 
 
 def module_name(path: Path) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
 
 from autoplan.errors import SpecError
-from autoplan.schema import Cluster, ModelSpec, TrainingSetup, load_cluster, load_model
+from autoplan.schema import DEFAULT_STACK, Cluster, ModelSpec, StackProfile, TrainingSetup, load_cluster, load_model, load_stack
+from autoplan.schema.io import shipped_names
 from autoplan.schema.hf_config import is_hf_config, spec_from_hf_config
 from autoplan.schema._io import validated
 from autoplan.schema.plan import ParallelConfig, RecomputeMode, parallel_dimensions
@@ -39,6 +40,9 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-margin", type=float, default=0.1, help="share of device memory kept free (0.1)")
     p.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
                    help="data-parallel gradient reduction after the backward instead of overlapped with it")
+    p.add_argument("--stack", default=DEFAULT_STACK,
+                   help=f"the training stack that will run the plan: {', '.join(shipped_names('stacks'))}, or a stack "
+                        f"profile YAML (default {DEFAULT_STACK}, this project's runtime)")
     p.add_argument("--rescale-profile", action="store_true",
                    help="use a profile measured on another device: times re-derived from its FLOPs and bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -107,6 +111,14 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
                       overlap_grad_reduce=args.overlap_grad_reduce),
         {"global_batch_size": "--global-batch-size", "seq_len": "--seq-len", "memory_margin": "--memory-margin"})
     return model, cluster, training
+
+
+def load_stack_arg(args: argparse.Namespace) -> StackProfile:
+    """``--stack``: a shipped stack's name or a stack profile file."""
+    try:
+        return load_stack(args.stack)
+    except SpecError as err:
+        raise SpecError(f"--stack: {err}") from None
 
 
 def load_any_model(arg: str) -> ModelSpec | ModelProfile:

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import json
 
-from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec
+from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, load_stack_arg, runnable_spec
 from autoplan.errors import SpecError
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label
 from autoplan.schema import Layout, ParallelConfig, ParallelDims, Plan, SolverInfo, check_fits, dump_plan, plan_to_dict
@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError(f"tp: the profile's blocks shard at tp in {tp_options(model, cluster)}, not {layout.tp}")
     if args.output and spec is None:
         raise SpecError(f"-o: profile {model.name!r} is not of a model the runtime can build; estimate it without -o")
-    predicted, evaluation, _ = estimate_layout(workload_fn(model, cluster, training, rescale=args.rescale_profile),
+    stack = load_stack_arg(args)
+    predicted, evaluation, _ = estimate_layout(workload_fn(model, cluster, training, stack, rescale=args.rescale_profile),
                                                cluster, training, layout)
     fits = predicted.peak_memory_gib <= predicted.capacity_gib
     info = SolverInfo(name="given", status="FITS" if fits else "DOES_NOT_FIT", objective=predicted.step_time_s,
@@ -82,18 +83,18 @@ def run(args: argparse.Namespace) -> int:
     if spec is not None:
         predicted = with_local_params(predicted, spec, layout, training)
         plan = Plan(**{f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}, model=spec,
-                    cluster=cluster, training=training, predicted=predicted, solver=info)
+                    cluster=cluster, training=training, predicted=predicted, solver=info, stack=stack)
         if args.output:
             write_atomic(args.output, dump_plan(plan))
         data = {k: v for k, v in plan_to_dict(plan).items() if k not in ("model", "cluster", "training")}
     else:
         data = {**to_dict(layout), "predicted": to_dict(predicted), "solver": to_dict(info)}
     if args.json:
-        data["model"], data["cluster"], data["fits"] = model.name, cluster.name, fits
+        data["model"], data["cluster"], data["fits"], data["stack"] = model.name, cluster.name, fits, stack.name
         print(json.dumps(data))
         return 0 if fits else DOES_NOT_FIT_STATUS
     print(f"{model.name} on {cluster.name} ({cluster.num_devices} x {cluster.device.name}): {layout_label(layout)}, "
-          f"recompute {recompute_label(layout)}")
+          f"recompute {recompute_label(layout)}, stack {stack.name}")
     print(("fits" if fits else "DOES NOT FIT") + f": peak {predicted.peak_memory_gib:.1f} GiB of "
           f"{predicted.capacity_gib:.1f} GiB\n")
     print(breakdown_table(predicted))

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, runnable_spec
+from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, load_stack_arg, runnable_spec
 from autoplan.errors import SpecError
 
 DESCRIPTION = """\
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if pins.offload_optimizer and pins.zero_stage == 0:
         raise SpecError("--offload: needs ZeRO stage >= 1 (it offloads the sharded optimizer state) and "
                         "--zero-stage 0 is pinned; pin --zero-stage 1 or more, or drop --offload")
-    make = lambda m, c, t: workload_fn(m, c, t, rescale=args.rescale_profile)  # noqa: E731
+    stack = load_stack_arg(args)
+    make = lambda m, c, t: workload_fn(m, c, t, stack, rescale=args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)
     if result.status == "UNKNOWN":
@@ -108,11 +109,12 @@ def run(args: argparse.Namespace) -> int:
         layout, predicted = ranked[0]
         data = {**to_dict(layout), "predicted": to_dict(predicted), "solver": to_dict(info)}
     if args.json:
-        data["model"], data["cluster"] = model.name, cluster.name
+        data["model"], data["cluster"], data["stack"] = model.name, cluster.name, stack.name
         print(json.dumps(data))
         return 0
     print(f"{model.name} on {cluster.name}: {cluster.num_nodes} x {cluster.devices_per_node} {cluster.device.name}, "
-          f"global batch {training.global_batch_size} x {training.seq_len} tokens, {training.precision}")
+          f"global batch {training.global_batch_size} x {training.seq_len} tokens, {training.precision}, "
+          f"stack {stack.name}")
     proof = ""
     if result.status == "FEASIBLE":
         gap = result.best.step_ns / max(1, result.bound_ns) - 1

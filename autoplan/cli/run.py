@@ -27,7 +27,7 @@ from autoplan.errors import SpecError
 from autoplan.launcher.commands import runtime_command, sbatch_script, torchrun_options
 from autoplan.launcher.preflight import NeedsMoreNodes, preflight
 from autoplan.launcher.supervise import run_attempts
-from autoplan.schema import Plan
+from autoplan.schema import DEFAULT_STACK, Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
     except NeedsMoreNodes as err:
         print("\n".join(err.lines), flush=True)
         raise
+    if plan.stack is not None and plan.stack.name != DEFAULT_STACK:
+        print(f"autoplan run: warning: this plan was made for stack {plan.stack.name!r} and runs on {DEFAULT_STACK!r} "
+              f"(this runtime), so its predicted step time and memory are not this run's; re-plan with --stack "
+              f"{DEFAULT_STACK}, or hand it to its stack (autoplan export)", file=sys.stderr, flush=True)
     if args.slurm:
         print(sbatch_script(launch, gpus=plan.cluster.device.kind == "gpu", job_name=f"autoplan-{plan.model.name}"),
               end="")
@@ -127,11 +131,12 @@ def _print_at_host_speed(plan: Plan, metrics: str) -> None:
     d = plan.cluster.device
     if d.probe_gemm_us <= 0 or d.probe_op_us <= 0 or not Path(metrics).is_file():
         return
-    from autoplan.cli.common import workload_fn
+    from autoplan.cost.model_workload import workload_fn
     from autoplan.report.compare import at_speed_line, comparison, measured_run, read_metrics
     from autoplan.report.simulated import simulate_plan
 
     run = measured_run(read_metrics(metrics))
+    # what ran is this runtime: compare with the autoplan stack's prediction, whatever the plan was made for
     data = comparison(simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training)), run, None)
     if data["host_speed"] is not None:
         print(at_speed_line(data), flush=True)

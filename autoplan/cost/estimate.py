@@ -7,8 +7,7 @@ import dataclasses
 
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, path_of
 from autoplan.cost.local_params import local_params_per_rank
-from autoplan.cost.model_states import state_bytes_per_param
-from autoplan.cost.stage_table import Config, StageTable
+from autoplan.cost.stage_table import Config, StageTable, rank_state_bytes
 from autoplan.cost.tables import build_table
 from autoplan.cost.workload import LayerSplit, Workload, WorkloadFn
 from autoplan.schema import (
@@ -86,7 +85,7 @@ def predict(workload: Workload, cluster: Cluster, training: TrainingSetup, table
         peak_memory_gib=max(memory_gib), memory_gib_per_stage=memory_gib,
         capacity_gib=table.capacity_bytes / GIB,
         time=time_breakdown(workload, table, shapes, evaluation),
-        memory=memory_breakdown(workload, training, table, shapes, evaluation, peak_rank),
+        memory=memory_breakdown(workload, training, table, shapes, evaluation, peak_rank, cluster),
     )
 
 
@@ -141,7 +140,7 @@ def _optimizer_s(t: StageTable, shapes: tuple[StageShape, ...], rank: int) -> fl
 
 
 def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes: tuple[StageShape, ...],
-                     ev: Evaluation, rank: int) -> MemoryBreakdown:
+                     ev: Evaluation, rank: int, cluster: Cluster) -> MemoryBreakdown:
     c = t.config
     stages = t.stages_of(rank)
     params = sum(shapes[s].layers for s in stages) * w.block.params
@@ -149,12 +148,13 @@ def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes
         params += w.embedding.params
     if t.num_stages - 1 in stages:
         params += w.head.params + (w.tied_copy_params if c.pp > 1 else 0.0)
-    per_param = state_bytes_per_param(training, c.zero_stage, c.dp_cp, c.offload_optimizer)
+    per_param = rank_state_bytes(training, c, w.stack)
     mem = ev.memory[rank]
     return MemoryBreakdown(
         weights_gib=params * per_param.weights / GIB, gradients_gib=params * per_param.gradients / GIB,
         optimizer_gib=params * per_param.optimizer / GIB, activations_gib=mem.activations_bytes / GIB,
         buffers_gib=mem.fixed_bytes / GIB, reserve_gib=mem.reserve_bytes / GIB, total_gib=mem.total_bytes / GIB,
         runtime_gib=mem.baseline_bytes / GIB,
+        reserved_gib=min(mem.total_bytes * (1 + w.stack.allocator_cache) / GIB, cluster.device.memory_gib),
     )
 

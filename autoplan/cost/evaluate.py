@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.cost.simulate import Timeline, critical_path, inflight_peaks, simulate
-from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
+from autoplan.cost.stage_table import PERMILLE, StageTable
 from autoplan.cost.stage_terms import (
     Var, rank_after_sync, rank_before_sync, rank_fixed_dynamic, rank_states, rank_sync, stage_activations, stage_bwd,
     stage_fwd,
@@ -85,14 +85,14 @@ def rank_memory(t: StageTable, shapes: tuple[StageShape, ...], rank: int,
     acts = max((sum(c * per_stage[s] for s, c in vec.items()) for vec in peaks), default=0)
     acts += recompute_transient(t, shapes, rank)
     fixed = rank_fixed_dynamic(t, rank)
-    return RankMemory(rank_states(t, rank).value(values), acts, fixed, (acts + fixed) * RESERVE_PERMILLE / PERMILLE,
+    return RankMemory(rank_states(t, rank).value(values), acts, fixed, (acts + fixed) * t.reserve_permille / PERMILLE,
                       t.baseline_bytes)
 
 
 def fits_in(t: StageTable, memory: RankMemory) -> bool:
     dynamic = memory.activations_bytes + memory.fixed_bytes
     fixed = memory.states_bytes + memory.baseline_bytes
-    return PERMILLE * fixed + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * t.capacity_bytes
+    return PERMILLE * fixed + (PERMILLE + t.reserve_permille) * dynamic <= PERMILLE * t.capacity_bytes
 
 
 def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:

@@ -233,16 +233,30 @@ class KernelTimes:
     elementwise_bwd_s: float
     host_fwd_s: float = 0.0
     host_bwd_s: float = 0.0
+    gemm_call_fwd_s: tuple[float, ...] = ()
+    """Forward time of each GEMM call, in call order (``Gemm.count`` equal calls each)."""
+
+
+def step_efficiencies(stack: StackProfile, device) -> tuple[float, float]:
+    """The shares of the kernel-level GEMM and attention speed the stack reaches inside a step: the stack's
+    (fitted to published GPU runs) on GPUs; 1 on a CPU, whose calibration (``autoplan calibrate``, the
+    host model of cost/cpu_host/) measures whole steps on the host itself."""
+    if device.kind != "gpu":
+        return 1.0, 1.0
+    return stack.gemm_efficiency, stack.attention_efficiency
 
 
 def kernel_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: StackProfile) -> KernelTimes:
     device, act = cluster.device, training.activation_precision
     e = 4 if act == "fp32" else 2
+    gemm_efficiency, attention_efficiency = step_efficiencies(stack, device)
     gemm_fwd = gemm_bwd = cast_fwd = cast_bwd = 0.0
+    calls: list[float] = []
     for g in ops.gemms:
         precision = training.precision if g.fp8 else act
         moved = g.count * (1 if precision == "fp8" else e) * (g.m * g.k + g.k * g.n) + g.count * e * g.m * g.n
-        t = matmul_time_s(g.flops, device, precision, calls=g.count, bytes_moved=moved)
+        t = matmul_time_s(g.flops, device, precision, calls=g.count, bytes_moved=moved) / gemm_efficiency
+        calls += [t / g.count] * g.count
         gemm_fwd += t
         gemm_bwd += BACKWARD_FACTOR * t
         if precision == "fp8":
@@ -251,7 +265,7 @@ def kernel_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack
             cast_bwd += bwd
     attn_fwd = attn_bwd = 0.0
     if ops.attention is not None:
-        attn_fwd, attn_bwd = _attention_times(ops.attention, cluster, training)
+        attn_fwd, attn_bwd = (x / attention_efficiency for x in _attention_times(ops.attention, cluster, training))
     casts = sum(g.count for g in ops.gemms if g.fp8) if training.precision == "fp8" else 0
     fwd_bytes, bwd_bytes = ops.elementwise_bytes, BACKWARD_MEMORY_FACTOR * ops.elementwise_bytes
     if ops.eager_bytes is not None and stack.elementwise == "eager":
@@ -265,7 +279,7 @@ def kernel_times(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack
     host = ops.host
     host_fwd = (host.fwd_ops * device.host_op_us + host.fwd_views * device.host_view_op_us) * 1e-6
     host_bwd = (host.bwd_ops * device.host_backward_op_us + host.bwd_views * device.host_backward_view_op_us) * 1e-6
-    return KernelTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd, host_fwd, host_bwd)
+    return KernelTimes(gemm_fwd, gemm_bwd, attn_fwd, attn_bwd, elem_fwd, elem_bwd, host_fwd, host_bwd, tuple(calls))
 
 
 def _attention_times(core: AttentionCore, cluster: Cluster, training: TrainingSetup) -> tuple[float, float]:
@@ -301,21 +315,58 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
         link = group_link(cluster, dims.span("cp"))
         cp_fwd, cp_bwd = ring_exposed_s(ops.ring, t.attention_fwd_s, t.attention_bwd_s, link)
     link = group_link(cluster, dims.span("tp"), tensor_parallel=True)
-    tp_fwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_fwd) if tp > 1 else 0.0
-    tp_bwd = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_bwd) if tp > 1 else 0.0
-    standard = ops.attention is not None and training.attention == "standard"
+
+    # fp8 training on a stack that gathers in fp8: the all-gathers before the fp8 linears move 1-byte elements
+    fp8_gathers = stack.tp_gather == "fp8" and training.precision == "fp8" and any(g.fp8 for g in ops.gemms)
+
+    def bytes_of(m: Message) -> float:
+        return m.size_bytes / 2 if fp8_gathers and m.kind == "all_gather" else m.size_bytes
+
+    def messages_s(messages: tuple[Message, ...]) -> float:
+        return sum(collective_time_s(m.kind, bytes_of(m), link) for m in messages) if tp > 1 else 0.0
+
+    # async TP runs that share of the collectives beside the GEMMs, hidden up to the GEMMs' own time
+    tp_fwd = messages_s(ops.tp_fwd)
+    tp_fwd -= min(stack.tp_comm_overlap * tp_fwd, t.gemm_fwd_s)
+    tp_bwd = messages_s(ops.tp_bwd)
+    tp_bwd -= min(stack.tp_comm_overlap * tp_bwd, t.gemm_bwd_s)
     device = cluster.device
     tp_host_fwd = ops.host.tp_modules * device.tp_module_fwd_us * 1e-6 if tp > 1 else 0.0
     tp_host_bwd = ops.host.tp_modules * device.tp_module_bwd_us * 1e-6 if tp > 1 else 0.0
+    gemm_flops = [g.flops / g.count for g in ops.gemms for _ in range(g.count)]
+    if stack.selective_recompute == "every_other_matmul" and ops.attention is not None:
+        # torchtitan's op-level selective checkpointing: the odd matmuls' outputs and the attention kernel's
+        # are kept, everything else reruns (the even matmuls, every memory-bound op, the host work, the TP
+        # collectives but the reduce-scatters, which it keeps too)
+        even = range(1, len(gemm_flops), 2)
+        selective_extra = (sum(t.gemm_call_fwd_s[i] for i in even) + t.elementwise_fwd_s + t.host_fwd_s + tp_host_fwd
+                           + messages_s(tuple(m for m in ops.tp_fwd if m.kind != "reduce_scatter")))
+        selective_flops = sum(gemm_flops[i] for i in even)
+        selective_saved = _every_other_matmul_saved(ops, training)
+    else:  # the attention core reruns; under flash attention there is nothing to drop
+        standard = ops.attention is not None and training.attention == "standard"
+        selective_extra = t.attention_fwd_s if standard else 0.0
+        selective_flops = ops.attention.flops if standard else 0.0
+        selective_saved = ops.saved.selective
     return LayerCost(
         params=ops.params,
         fwd_s=t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s + t.host_fwd_s + tp_host_fwd,
         bwd_s=t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s + t.host_bwd_s + tp_host_bwd,
         fwd_flops=sum(g.flops for g in ops.gemms) + (ops.attention.flops if ops.attention else 0.0),
-        saved_bytes=ops.saved.none, selective_saved_bytes=ops.saved.selective, full_saved_bytes=ops.saved.full,
-        selective_extra_s=t.attention_fwd_s if standard else 0.0,
-        selective_extra_flops=ops.attention.flops if standard else 0.0,
+        saved_bytes=ops.saved.none, selective_saved_bytes=selective_saved, full_saved_bytes=ops.saved.full,
+        selective_extra_s=selective_extra, selective_extra_flops=selective_flops,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         host_fwd_s=t.host_fwd_s + tp_host_fwd, host_bwd_s=t.host_bwd_s + tp_host_bwd,
         param_tensors=ops.host.param_tensors, tp_param_tensors=ops.host.tp_param_tensors if tp > 1 else 0,
     )
+
+
+def _every_other_matmul_saved(ops: LayerOps, training: TrainingSetup) -> float:
+    """Bytes a block keeps under op-level selective checkpointing: its input (what full recomputation keeps),
+    the outputs of its odd matmuls (1st, 3rd, ... in call order), the attention kernel's output and its
+    fp32 log-sum-exp."""
+    e = 4 if training.activation_precision == "fp32" else 2
+    outputs = [e * g.m * g.n for g in ops.gemms for _ in range(g.count)]
+    core = ops.attention
+    rows = core.batch * core.heads * core.kernel_seq_len  # this rank's query rows, all local heads
+    return ops.saved.full + sum(outputs[0::2]) + e * rows * core.head_dim + 4.0 * rows

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from autoplan.schema.schedule import RankOrders
 from autoplan.cost.simulate import compiled, inflight_peaks, rank_ends
-from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
+from autoplan.cost.stage_table import PERMILLE, StageTable
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class LayoutTerms:
                      for k, a, b, c in zip(n, sel, full, rank.act_const)]
         acts = max((sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks), default=0)
         acts += self.transient(any(sel), any(full))
-        return PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * (acts + rank.fixed) - self.capacity_scaled
+        return PERMILLE * states + (PERMILLE + self.table.reserve_permille) * (acts + rank.fixed) - self.capacity_scaled
 
     def fits(self, rank: RankTerms, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> bool:
         return self.excess(rank, n, sel, full) <= 0

@@ -5,7 +5,8 @@ as a ModelProfile (``autoplan profile``); ``workload_fn`` sends the first to the
 (cost/analytic_ops.py) and the second to the profile's (cost/profile_ops.py). Every command that prices a
 model (plan, estimate, show, compare, the benchmarks) gets its costs here.
 
-The stack defaults to the one the cluster profile describes (``default_stack``, schema/stack.py).
+The stack is the one the plan will run on: ``autoplan`` (this project's runtime) unless the user names
+another (``--stack``; a plan records it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import functools
 from autoplan.cost.analytic_ops import analytic_workload
 from autoplan.cost.profile_ops import profile_workload_fn
 from autoplan.cost.workload import LayerSplit, Workload, WorkloadFn
-from autoplan.schema import Cluster, ModelSpec, StackProfile, TrainingSetup, default_stack, load_stack
+from autoplan.schema import DEFAULT_STACK, Cluster, ModelSpec, StackProfile, TrainingSetup, load_stack
 from autoplan.schema.profile import ModelProfile
 
 
@@ -24,16 +25,16 @@ def shipped_stack(name: str) -> StackProfile:
     return load_stack(name)
 
 
-def stack_for(cluster: Cluster, stack: StackProfile | None = None) -> StackProfile:
-    """``stack``, or the shipped one the cluster's profile describes."""
-    return stack if stack is not None else shipped_stack(default_stack(cluster))
+def stack_or_default(stack: StackProfile | None = None) -> StackProfile:
+    """``stack``, or the shipped default (``autoplan``)."""
+    return stack if stack is not None else shipped_stack(DEFAULT_STACK)
 
 
 def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: TrainingSetup,
                 stack: StackProfile | None = None, rescale: bool = False) -> WorkloadFn:
     """The per-layer costs of ``model`` for each split; ``rescale``: a profile measured on another device
     re-derives its times for this one (``--rescale-profile``)."""
-    stack = stack_for(cluster, stack)
+    stack = stack_or_default(stack)
     if isinstance(model, ModelProfile):
         return profile_workload_fn(model, cluster, training, stack, rescale=rescale)
 

@@ -7,8 +7,13 @@ The evaluator (evaluate.py), the branch-and-bound search (through layout_terms.p
 search all read the same integers, so their objectives agree exactly; 1 ns and 1 byte of rounding is far
 below the model's accuracy.
 
-Memory is compared as ``PERMILLE * states + (PERMILLE + RESERVE_PERMILLE) * dynamic <= PERMILLE * capacity``
-so that the fragmentation reserve stays in integer arithmetic too.
+Memory is compared as ``PERMILLE * states + (PERMILLE + reserve_permille) * dynamic <= PERMILLE * capacity``
+so that the fragmentation reserve (the stack's ``allocator_reserve``) stays in integer arithmetic too.
+
+What the stack decides here (schema/stack.py): the dtypes ZeRO gathers parameters and reduces gradients
+in; under pipelining, whether a stage's gradients accumulate whole with one reduce-scatter after its last
+backward (torch's schedule runtime), which nothing overlaps, and whether its ZeRO-3 parameters stay
+gathered for the step; the optimizer's extra passes; the allocator's reserve.
 
 ``device_table`` fills the table for devices that compute on their own (GPUs): collectives on the links
 of their groups (``ParallelDims.span``, cost/comm.py), the gradient reduction overlapping the backward,
@@ -24,17 +29,18 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, collective_time_s, group_link, p2p_time_s
-from autoplan.cost.model_states import optimizer_step_bytes, state_bytes_per_param
+from autoplan.cost.model_states import StateBytes, optimizer_step_bytes, state_bytes_per_param
 from autoplan.cost.workload import LayerCost, Workload
-from autoplan.schema import Cluster, TrainingSetup
+from autoplan.schema import Cluster, StackProfile, TrainingSetup
 from autoplan.schema.plan import ParallelConfig as Config  # the search's name for it
 from autoplan.schema.schedule import RankOrders, build_schedule, stages_of_rank
 
 PERMILLE = 1000
-# Allocator fragmentation reserve on activations and buffers: the caching allocator's measured gap between
-# reserved and allocated memory is 5-15% in torchtitan and MosaicML runs (formulas.md section 4); 5% here,
-# the rest is the user's --memory-margin.
-RESERVE_PERMILLE = 50
+
+
+def reserve_permille(stack: StackProfile) -> int:
+    """The allocator's reserve on activations and buffers, in permille (the stack's ``allocator_reserve``)."""
+    return int(round(stack.allocator_reserve * PERMILLE))
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,8 @@ class StageTable:
     """The runtime's per-step small collectives, on every rank (host_terms.step_sync_s)."""
     tied_sync_ns: int = 0
     """The tied embedding's gradient all-reduce, on the first and the last pipeline rank."""
+    reserve_permille: int = 50
+    """The allocator's reserve on activations and buffers (``reserve_permille(stack)``)."""
     baseline_bytes: int = 0
     """Memory of the training process besides tensors (device memory_baseline_gib)."""
     share: CoreShare = CoreShare()
@@ -155,8 +163,32 @@ def layer_times(layer: LayerCost, zero3_gather_s: float = 0.0) -> LayerTimes:
 
 
 def weight_bytes(training: TrainingSetup) -> int:
-    """Bytes of one weight (and gradient) element as they are gathered and reduced."""
+    """Bytes of one weight element in the compute dtype."""
     return 2 if training.mixed_precision else 4
+
+
+def gather_bytes(training: TrainingSetup, stack: StackProfile) -> int:
+    """Bytes per parameter ZeRO gathers (the stack's ``param_gather``)."""
+    if stack.param_gather == "fp32":
+        return 4
+    if stack.param_gather == "fp8" and training.precision == "fp8":
+        return 1
+    return weight_bytes(training)
+
+
+def reduce_bytes(training: TrainingSetup, stack: StackProfile) -> int:
+    """Bytes per gradient element reduced (and accumulated whole) (the stack's ``grad_reduce``)."""
+    return 4 if stack.grad_reduce == "fp32" else weight_bytes(training)
+
+
+def whole_grads(config: Config, stack: StackProfile) -> bool:
+    """ZeRO 2/3 under pipelining on a stack that accumulates a stage's gradients whole until one reduction."""
+    return stack.pipeline_reduces_once and config.zero_stage >= 2 and config.num_stages > 1
+
+
+def gathered_stage(config: Config, stack: StackProfile) -> bool:
+    """ZeRO-3 under pipelining on a stack that gathers a stage's parameters once for the step."""
+    return stack.pipeline_keeps_params_gathered and config.zero_stage == 3 and config.num_stages > 1
 
 
 def head_params(workload: Workload, config: Config) -> float:
@@ -176,44 +208,61 @@ def offloaded_step_s(shard: float, cluster: Cluster, training: TrainingSetup) ->
             + shard * 2 * weight_bytes(training) / (device.host_link_gb_per_s * 1e9))
 
 
-def memory_bound_step_s(cluster: Cluster, training: TrainingSetup) -> float:
-    """Seconds per parameter of the end-of-step kernels, all memory-bound (model_states.py)."""
+def memory_bound_step_s(cluster: Cluster, training: TrainingSetup, stack: StackProfile) -> float:
+    """Seconds per parameter of the end-of-step kernels, all memory-bound (model_states.py), with the
+    stack's extra optimizer passes."""
     device = cluster.device
-    return optimizer_step_bytes(training) / (device.memory_bandwidth_gb_per_s * 1e9 * device.memory_efficiency)
+    step_bytes = optimizer_step_bytes(training) + stack.optimizer_bytes_per_param
+    return step_bytes / (device.memory_bandwidth_gb_per_s * 1e9 * device.memory_efficiency)
+
+
+def rank_state_bytes(training: TrainingSetup, config: Config, stack: StackProfile) -> StateBytes:
+    """Bytes per parameter a rank holds for its stages: ZeRO's shares (model_states.py), and under
+    pipelining on a stack that keeps them whole, the gathered parameters and the whole gradients."""
+    states = state_bytes_per_param(training, config.zero_stage, config.dp_cp, config.offload_optimizer)
+    weights = states.weights + (gather_bytes(training, stack) if gathered_stage(config, stack) else 0)
+    grads = states.gradients + (reduce_bytes(training, stack) if whole_grads(config, stack) else 0)
+    return StateBytes(weights=weights, gradients=grads, optimizer=states.optimizer)
 
 
 def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, config: Config) -> StageTable:
     """The table on devices that compute on their own (module doc)."""
-    c = config
+    c, stack = config, workload.stack
     dims = c.dims
     # data parallelism and ZeRO run over the dp x cp ranks holding the same parameters (ParallelDims)
-    states = state_bytes_per_param(training, c.zero_stage, c.dp_cp, c.offload_optimizer)
+    per_param = rank_state_bytes(training, c, stack).total
     dp_link = group_link(cluster, dims.span("dp_cp"))
-    wb = weight_bytes(training)
+    gb, rb = gather_bytes(training, stack), reduce_bytes(training, stack)
+    whole_stage = gathered_stage(c, stack)
+    per_layer_gathers = c.zero_stage == 3 and not whole_stage
 
     def times(layer: LayerCost) -> LayerTimes:  # ZeRO-3: all-gather one layer's weights over dp x cp
-        gather = collective_time_s("all_gather", layer.params * wb, dp_link) if c.zero_stage == 3 else 0.0
+        gather = collective_time_s("all_gather", layer.params * gb, dp_link) if per_layer_gathers else 0.0
         return layer_times(layer, gather)
 
     sync_kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
 
     def sync_ns(params: float) -> int:  # bandwidth part only; latency is counted once per rank
-        return ns(collective_bandwidth_s(sync_kind, params * wb, dp_link))
+        return ns(collective_bandwidth_s(sync_kind, params * rb, dp_link))
 
-    def gather_ns(params: float) -> int:
-        return ns(collective_bandwidth_s("all_gather", params * wb, dp_link)) if c.zero_stage in (1, 2) else 0
+    def gather_ns(params: float) -> int:  # ZeRO-1/2 after the step, a whole stage at the start of it
+        if c.zero_stage in (1, 2) or whole_stage:
+            return ns(collective_bandwidth_s("all_gather", params * gb, dp_link))
+        return 0
+
+    step_bytes = memory_bound_step_s(cluster, training, stack)
 
     def optim_ns(params: float) -> int:
         shard = optimizer_shard(params, c)
         if c.offload_optimizer:
             return ns(offloaded_step_s(shard, cluster, training))
-        return ns(shard * memory_bound_step_s(cluster, training))
+        return ns(shard * step_bytes)
 
     def state(params: float) -> int:
-        return int(math.ceil(params * states.total))
+        return int(math.ceil(params * per_param))
 
     last_params = head_params(workload, c)
-    every_sync, tied_sync = step_sync_s(cluster, c, workload.tied_copy_params * wb)
+    every_sync, tied_sync = step_sync_s(cluster, c, workload.tied_copy_params * weight_bytes(training))
     # stage s runs on pipeline rank s % pp and sends to rank (s + 1) % pp, inside a node or across
     per_node = cluster.devices_per_node
     intra = ns(p2p_time_s(cluster, workload.output_bytes, same_node=True))
@@ -223,13 +272,13 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
     p2p = tuple(hops[s % c.pp] for s in range(c.num_stages - 1))
     block = workload.block
     z3_buffer = 0
-    if c.zero_stage == 3:  # the layer being computed and the one prefetched, unsharded
-        z3_buffer = int(math.ceil(2 * max(block.params, workload.embedding.params, last_params) * wb))
+    if per_layer_gathers:  # the layer being computed and the one prefetched, unsharded
+        z3_buffer = int(math.ceil(2 * max(block.params, workload.embedding.params, last_params) * gb))
     capacity = cluster.device.memory_gib * (1 - training.memory_margin) * 2**30
     return StageTable(
         config=c, num_layers=workload.num_layers,
         block=times(block), selective_extra_ns=ns(block.selective_extra_s),
-        full_extra_ns=ns(block.fwd_s + block.tp_fwd_s),
+        full_extra_ns=ns(block.fwd_s + block.tp_fwd_s + block.cp_fwd_s),  # the recomputed forward runs its ring too
         embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p, late_receive_ns=0,
         block_state_bytes=state(block.params), embedding_state_bytes=state(workload.embedding.params),
         head_state_bytes=state(last_params),
@@ -245,9 +294,12 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         sync_head_ns=sync_ns(last_params), sync_latency_ns=ns(collective_latency_s(sync_kind, dp_link)),
         gather_block_ns=gather_ns(block.params), gather_embedding_ns=gather_ns(workload.embedding.params),
         gather_head_ns=gather_ns(last_params),
-        gather_latency_ns=ns(collective_latency_s("all_gather", dp_link)) if c.zero_stage in (1, 2) else 0,
+        gather_latency_ns=ns(collective_latency_s("all_gather", dp_link)) if c.zero_stage in (1, 2) or whole_stage else 0,
         optim_block_ns=optim_ns(block.params), optim_embedding_ns=optim_ns(workload.embedding.params),
-        optim_head_ns=optim_ns(last_params), overlap_grad_reduce=training.overlap_grad_reduce,
+        optim_head_ns=optim_ns(last_params),
+        # torch's schedule runtime reduces a stage's gradients after its last backward, nothing to hide behind
+        overlap_grad_reduce=training.overlap_grad_reduce and not (stack.pipeline_reduces_once and c.num_stages > 1),
+        reserve_permille=reserve_permille(stack),
         step_sync_ns=ns(every_sync), tied_sync_ns=ns(tied_sync),
         baseline_bytes=int(cluster.device.memory_baseline_gib * 2**30),
     )

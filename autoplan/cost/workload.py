@@ -26,6 +26,8 @@ __all__ = ["BACKWARD_FACTOR", "LayerCost", "LayerSplit", "Workload", "WorkloadFn
 @dataclass(frozen=True)
 class Workload:
     split: LayerSplit
+    stack: StackProfile
+    """The stack the layers were priced for; the configuration's table reads it too (ZeRO's dtypes, ...)."""
     num_layers: int
     embedding: LayerCost
     block: LayerCost
@@ -51,7 +53,8 @@ def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_
     def cost(ops: LayerOps) -> LayerCost:
         return layer_cost(ops, cluster, training, stack, split.dims)
 
-    return Workload(split=split, num_layers=num_layers, embedding=cost(embedding), block=cost(block), head=cost(head),
+    return Workload(split=split, stack=stack, num_layers=num_layers, embedding=cost(embedding), block=cost(block),
+                    head=cost(head),
                     tied_copy_params=tied_copy_params, output_bytes=output_bytes,
                     logits_transient_bytes=logits_transient_bytes,
                     ring_transient_bytes=block.ring.transient_bytes if block.ring is not None else 0.0)

@@ -67,9 +67,9 @@ class SimulatedStep:
 
 def simulate_plan(plan: Plan, workload_fn: WorkloadFn | None = None) -> SimulatedStep:
     """The cost model's verdict on the plan's layout (estimate_layout's steps, keeping the pieces);
-    ``workload_fn`` defaults to the plan's own model on its cluster."""
+    ``workload_fn`` defaults to the plan's own model on its cluster and stack."""
     layout = plan.layout()
-    fn = workload_fn or model_workload_fn(plan.model, plan.cluster, plan.training)
+    fn = workload_fn or model_workload_fn(plan.model, plan.cluster, plan.training, plan.stack)
     config = config_of(layout)
     workload = fn(split_of(config))
     table = build_table(workload, plan.cluster, plan.training, config)
@@ -78,7 +78,7 @@ def simulate_plan(plan: Plan, workload_fn: WorkloadFn | None = None) -> Simulate
     predicted = predict(workload, plan.cluster, plan.training, table, shapes, ev)
     ranks = range(plan.pp)
     times = tuple(time_breakdown(workload, table, shapes, dataclasses.replace(ev, critical_rank=r)) for r in ranks)
-    memory = tuple(memory_breakdown(workload, plan.training, table, shapes, ev, r) for r in ranks)
+    memory = tuple(memory_breakdown(workload, plan.training, table, shapes, ev, r, plan.cluster) for r in ranks)
     return SimulatedStep(plan, predicted, ev, table, shapes, times, memory)
 
 

@@ -34,6 +34,7 @@ from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_DEVICES_PER_
 from autoplan.schema.model import ModelSpec
 from autoplan.schema.parallel_dims import ParallelDims
 from autoplan.schema.schedule import stage_rank
+from autoplan.schema.stack import StackProfile
 from autoplan.schema.training import TrainingSetup
 
 SCHEMA_VERSION = 1
@@ -267,6 +268,11 @@ class MemoryBreakdown:
     runtime_gib: float = 0.0
     """The training process's own memory besides tensors (a CPU rank's heap of torch and the process group,
     the device's memory_baseline_gib); 0 on GPUs."""
+    reserved_gib: float = 0.0
+    """What the caching allocator holds at the peak: ``total_gib`` and the cache it keeps where the device
+    has room (the stack's ``allocator_cache``), at most the device's memory. Compare with
+    ``torch.cuda.max_memory_reserved`` (torchtitan logs it); ``total_gib`` with ``max_memory_allocated``
+    plus the reserve. 0 in plans written before the field existed."""
 
 
 @dataclass(frozen=True)
@@ -332,6 +338,10 @@ class Plan(Layout):
     padded_vocab_size: int | None = None
     """Rows of the embedding and output projection the runtime builds: ``model.padded_vocab_size(tp)``
     (filled in when not given; a plan that gives another value is refused)."""
+    stack: StackProfile | None = None
+    """The training stack the prediction is for (``--stack``; profiles/stacks/). ``autoplan run`` runs the
+    ``autoplan`` stack and says so when the plan was made for another. None (plans written before the field
+    existed) reads as ``autoplan``."""
 
     def __post_init__(self) -> None:
         if self.padded_vocab_size is None:
@@ -352,4 +362,4 @@ class Plan(Layout):
 
 LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(Layout))
 PLAN_KEY_ORDER = ("schema_version", *LAYOUT_FIELDS, "padded_vocab_size", "predicted", "solver", "model", "cluster",
-                  "training")
+                  "training", "stack")

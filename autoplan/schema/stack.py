@@ -1,26 +1,48 @@
-"""A training stack: how the software that runs a plan turns a layer into kernels and collectives.
+"""A training stack: how the software that runs a plan turns a layer into kernels, what it overlaps, and what
+memory it holds beyond the model's tensors.
 
-The same layout costs different time on different stacks: Megatron-LM with Transformer Engine runs a
-block's memory-bound work as a few fused kernels, eager PyTorch (this project's runtime, torchtitan
-without compile) as one kernel per op; Megatron fuses q, k and v into one column-parallel GEMM and
-all-reduces the input gradient once per column -> row pair, DTensor tensor parallelism over separate
-q, k, v modules once per module. A stack profile names those choices, each field with its source (a
-path in that project's code, or a kernel measurement), and the cost model reads them instead of
-guessing from the device.
+The same layout costs different time and memory on different stacks. Megatron-LM with Transformer Engine
+runs a block's memory-bound work as a few fused kernels, eager PyTorch (this project's runtime, torchtitan
+without compile) as one kernel per op. Megatron fuses q, k and v into one column-parallel GEMM and
+all-reduces the input gradient once per column -> row pair; DTensor tensor parallelism over separate q, k,
+v modules does it once per module. torchtitan's selective checkpointing recomputes every other matmul,
+Megatron's only the attention core. torch's pipeline runtime keeps an FSDP stage's parameters gathered
+for the whole step. A stack profile names these choices, each field with its source (a path in that
+project's code, or a kernel measurement), and the cost model reads them instead of guessing.
 
-Shipped stacks (``profiles/stacks/``): ``megatron`` (Megatron-LM / Megatron-Core with fused kernels)
-and ``autoplan`` (this runtime: eager PyTorch, DTensor TP, FSDP2, torch pipelining). ``default_stack``
-picks the one a cluster profile was measured with (cost/workload.py documents the choice).
+A stack may carry a few parameters fitted to published runs of that stack, never finer than the stack:
+``fitted`` lists each with the runs it came from (benchmarks/stack_runs.py fits them and prints the
+leave-one-out error of each).
+
+Shipped stacks (``profiles/stacks/``): ``autoplan`` (this runtime: eager PyTorch, DTensor TP, FSDP2 with
+a mixed-precision policy, torch pipelining; the default), ``torchtitan`` (eager), ``torchtitan-compile``
+(torch.compile per block), ``torchtitan-compile-async-tp``, ``megatron`` (Megatron-Core with Transformer
+Engine and the distributed optimizer, as NeMo runs it) and ``megatron-lm`` (Megatron-LM 2021-22, the dev
+set's papers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from autoplan.schema._io import require
-from autoplan.schema.cluster import Cluster
-from autoplan.schema.hardware import HOST_FIELDS, FieldSource
+from autoplan.schema._io import require, require_range
+from autoplan.schema.hardware import FieldSource
+
+DEFAULT_STACK = "autoplan"
+"""The stack a plan is priced for unless it names another: the runtime that runs it (``autoplan run``)."""
+
+
+@dataclass(frozen=True)
+class FittedParameter:
+    """A field of the profile whose value was fitted to published runs of the stack (and only those)."""
+
+    field: str
+    runs: tuple[str, ...]
+    """The runs it was fitted to (benchmarks/data/stack_runs.yaml names)."""
+    method: str = ""
+    """How: what was minimised over which runs."""
 
 
 @dataclass(frozen=True)
@@ -38,18 +60,68 @@ class StackProfile:
     column -> row parallel pair (Megatron's fused QKV and fc1 / gate-up GEMMs): 2 per block.
     ``per_module``: one per column-parallel module, as DTensor's ``ColwiseParallel`` reduces its input
     gradient at each module boundary: q, k, v and the MLP's input matrices, 4 (gpt) or 5 (llama) per block."""
+    selective_recompute: Literal["attention_core", "every_other_matmul"] = "attention_core"
+    """What ``recompute: selective`` drops and reruns. ``attention_core``: the scores, softmax and dropout
+    (Korthikanti et al. 2022; nothing under flash attention). ``every_other_matmul``: torchtitan's op-level
+    selective checkpointing, which keeps the outputs of the odd matmuls of a block and of the attention
+    kernel and reruns everything else (the even matmuls and every memory-bound op)."""
+    tp_comm_overlap: float = 0.0
+    """Share of the tensor-parallel collectives that runs beside the GEMMs they feed or follow, decomposed
+    into chunks (torch's async TP: ``fused_all_gather_matmul``, ``fused_matmul_reduce_scatter``; Transformer
+    Engine's user-buffer overlap); hidden up to the GEMMs' own time. 0: each waits for its collective."""
+    param_gather: Literal["compute", "fp32", "fp8"] = "compute"
+    """The dtype ZeRO gathers parameters in: the compute dtype (a mixed-precision policy, Megatron's
+    distributed optimizer), fp32 (FSDP2 without a mixed-precision policy), or fp8 under fp8 training
+    (torchtitan's ``enable_fsdp_float8_all_gather``)."""
+    grad_reduce: Literal["compute", "fp32"] = "fp32"
+    """The dtype gradients are reduced (and, unsharded, accumulated) in: fp32 (FSDP2's ``reduce_dtype``,
+    Megatron's ``grad_reduce_in_fp32``) or the compute dtype."""
+    pipeline_reduces_once: bool = False
+    """ZeRO 2/3 under pipelining as torch's schedule runtime runs it: a stage's gradients accumulate whole
+    over the micro-batches and are reduce-scattered once, after the stage's last backward, which nothing
+    overlaps (stage.py ``backward_maybe_with_nosync``, schedules.py REDUCE_GRAD)."""
+    pipeline_keeps_params_gathered: bool = False
+    """ZeRO-3 under pipelining: a stage's parameters are gathered once for the step and kept (torchtitan's
+    ``reshard_after_forward=False`` under PP); False: gathered again for every forward and backward."""
+    optimizer_bytes_per_param: float = 0.0
+    """Bytes per parameter the optimizer step's kernels move beyond the fused step's
+    (cost/model_states.py ``optimizer_step_bytes``): a ``foreach`` AdamW runs its update as several
+    multi-tensor passes over the states. 0: a fused step."""
+    allocator_reserve: float = 0.05
+    """Memory a plan must leave free for the caching allocator's fragmentation, as a share of the activations
+    and working buffers: counted against the device's capacity. Small: under pressure the allocator frees
+    its cached blocks and retries before it fails (CUDACachingAllocator ``release_cached_blocks``)."""
+    allocator_cache: float = 0.0
+    """What the caching allocator keeps reserved beyond the allocated peak when the device has room, as a
+    share of that peak: the gap between ``max_memory_reserved`` (what torchtitan logs, what nvidia-smi
+    shows) and ``max_memory_allocated``. Reported (``MemoryBreakdown.reserved_gib``), never counted against
+    the capacity, since the allocator gives it back before failing."""
+    tp_gather: Literal["compute", "fp8"] = "compute"
+    """The dtype sequence parallelism all-gathers activations in before a column-parallel linear: the
+    activation dtype, or fp8 under fp8 training (torchao's Float8ColwiseParallel casts before gathering)."""
+    gemm_efficiency: float = 1.0
+    """Share of the device's measured GEMM speed (its kernel-level curve) the stack's matmuls reach inside a
+    training step: what a step adds around one GEMM measured alone (launch gaps, a power-capped clock under
+    sustained load, collectives' kernels beside them). 1: the kernel-level curve."""
+    attention_efficiency: float = 1.0
+    """The same for the attention kernel."""
+    fitted: tuple[FittedParameter, ...] = ()
+    """The fields fitted to published runs of this stack, with the runs."""
     sources: tuple[FieldSource, ...] = ()
-    """Where each field's value comes from."""
+    """Where each other field's value comes from."""
 
     def validate(self) -> None:
         require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
-        names = {"name", "source", "elementwise", "tp_input_grad_reduce", "sources"}
+        require_range(self, "tp_comm_overlap", 0.0, 1.0)
+        require_range(self, "allocator_reserve", 0.0, 10.0)
+        require_range(self, "allocator_cache", 0.0, 10.0)
+        require_range(self, "optimizer_bytes_per_param", 0.0, 1e4)
+        for name in ("gemm_efficiency", "attention_efficiency"):
+            require_range(self, name, 0.0, 1.0, low_open=True)
+        names = {f.name for f in dataclasses.fields(self)}
         for i, s in enumerate(self.sources):
             require(s.field in names, f"sources[{i}].field", f"{s.field!r} is not a field of a stack profile")
+        for i, f in enumerate(self.fitted):
+            require(f.field in names, f"fitted[{i}].field", f"{f.field!r} is not a field of a stack profile")
+            require(len(f.runs) > 0, f"fitted[{i}].runs", "name the published runs the value was fitted to")
 
-
-def default_stack(cluster: Cluster) -> str:
-    """The stack a cluster profile describes, until a plan names its own: ``autoplan`` where the device was
-    calibrated by running this runtime (``autoplan calibrate`` measured its host fields: a CPU host),
-    ``megatron`` for the other profiles, whose efficiencies and reference runs are Megatron-LM's."""
-    return "autoplan" if any(getattr(cluster.device, f) > 0 for f in HOST_FIELDS) else "megatron"

@@ -34,7 +34,7 @@ from autoplan.cost.host_model import HostModel
 from autoplan.cost.layout_terms import LayoutTerms, RankTerms
 from autoplan.cost.simulate import compiled, rank_ends
 from autoplan.cost.model_states import state_bytes_per_param
-from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
+from autoplan.cost.stage_table import PERMILLE, StageTable, reserve_permille
 from autoplan.cost.workload import Workload
 from autoplan.schema import Cluster, TrainingSetup
 from autoplan.search.recompute import Pin, lower_bound_ns
@@ -67,7 +67,7 @@ def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup,
     block = workload.block
     acts = least_layers * min(block.saved_bytes, block.selective_saved_bytes, block.full_saved_bytes)
     capacity = PERMILLE * int(cluster.device.memory_gib * (1 - training.memory_margin) * 2**30)
-    scale = PERMILLE + RESERVE_PERMILLE
+    scale = PERMILLE + reserve_permille(workload.stack)
     busiest = PERMILLE * params * per_param / pp + scale * acts
     last = PERMILLE * head * per_param + scale * (acts + workload.head.saved_bytes + workload.logits_transient_bytes)
     return busiest <= capacity and last <= capacity

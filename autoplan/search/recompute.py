@@ -27,7 +27,7 @@ from typing import Literal
 
 from autoplan.cost.evaluate import StageShape
 from autoplan.cost.layout_terms import LayoutTerms, RankTerms
-from autoplan.cost.stage_table import PERMILLE, RESERVE_PERMILLE, StageTable
+from autoplan.cost.stage_table import PERMILLE, StageTable
 
 Pin = Literal["none", "selective", "full"] | None
 Method = Literal["enumerate", "cpsat", "auto"]
@@ -132,7 +132,7 @@ def _single_stage(terms: LayoutTerms, rank: RankTerms, n: int) -> Choice | None:
     """
     counts = [vec[0] for vec in rank.peaks]
     c = max(counts, default=0)
-    scale = PERMILLE + RESERVE_PERMILLE
+    scale = PERMILLE + terms.table.reserve_permille
     best: tuple[int, tuple[int, int]] | None = None
     for full in range(n + 1):
         candidates = [0]
@@ -164,7 +164,7 @@ def _cpsat(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...]) -> Choice | 
     t = terms.table
     states = rank.state_const + t.block_state_bytes * sum(n)
     transient = terms.d_full * has_full + terms.d_sel * has_sel
-    scale = PERMILLE + RESERVE_PERMILLE
+    scale = PERMILLE + t.reserve_permille
     for vec in rank.peaks:
         acts = sum(count * (k * terms.act - sel[i] * terms.d_sel - full[i] * terms.d_full + rank.act_const[i])
                    for i, (count, k) in enumerate(zip(vec, n)))
@@ -192,7 +192,7 @@ def lower_bound_ns(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...], pin:
     if pin in ("none", "selective", "full"):
         choice = rank_choice(terms, rank, n, pin)
         return None if choice is None else choice_cost_ns(terms, choice)
-    scale = PERMILLE + RESERVE_PERMILLE
+    scale = PERMILLE + terms.table.reserve_permille
     t = terms.table
     states = rank.state_const + t.block_state_bytes * sum(n)
     per_stage = [k * terms.act + c for k, c in zip(n, rank.act_const)]

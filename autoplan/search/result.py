@@ -22,10 +22,12 @@ def predicted_of(candidate: Candidate, cluster: Cluster, training: TrainingSetup
 
 def plan_of(model: ModelSpec, cluster: Cluster, training: TrainingSetup, candidate: Candidate,
             solver: SolverInfo | None) -> Plan:
+    """The candidate as a plan, recording the stack its costs were priced for."""
     layout, predicted = predicted_of(candidate, cluster, training)
     predicted = with_local_params(predicted, model, layout, training)
     fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}
-    return Plan(**fields, model=model, cluster=cluster, training=training, predicted=predicted, solver=solver)
+    return Plan(**fields, model=model, cluster=cluster, training=training, predicted=predicted, solver=solver,
+                stack=candidate.workload.stack)
 
 
 def solver_info(result: SearchResult, solver: str) -> SolverInfo:

@@ -16,6 +16,12 @@ into any layout.
   forward and again for its backward.
 * ``offload_optimizer``: FSDP2's ``CPUOffloadPolicy``: the sharded parameters, gradients and the
   optimizer state and step live on the host.
+* Mixed precision (bf16/fp16 plans on GPUs): a ``MixedPrecisionPolicy`` with the compute dtype for the
+  parameters and fp32 for the reduction, torchtitan's choice and what the ``autoplan`` stack prices
+  (profiles/stacks/autoplan.yaml ``param_gather: compute``, ``grad_reduce: fp32``): the fp32 shards are
+  cast before the all-gather, so the gathers move 2 bytes per parameter and forward and backward run on
+  bf16 weights; gradients are reduce-scattered in fp32 into the fp32 shards the optimizer steps. Without
+  a data-parallel group the stage runs its fp32 weights under autocast.
 
 How this ZeRO 1 differs from the cost model's (Rajbhandari et al. 2020, stage 1: weights and gradients
 whole on every rank at all times, 4 + K/N_d bytes per parameter in mixed precision): during forward and
@@ -37,21 +43,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
-def apply_data_parallel(model: nn.Module, dp_mesh, zero_stage: int, offload: bool) -> nn.Module:
-    """Wrap one stage model for its dp (x cp) group in place (no-op for a group of one without offload)."""
+def apply_data_parallel(model: nn.Module, dp_mesh, zero_stage: int, offload: bool,
+                        compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """Wrap one stage model for its dp (x cp) group in place (no-op for a group of one without offload);
+    ``compute_dtype``: the plan's bf16/fp16 on GPUs (None: fp32 throughout)."""
     if dp_mesh.size() == 1 and not offload:
         return model
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else \
+        MixedPrecisionPolicy()
     if zero_stage == 0:
-        replicate(model, mesh=dp_mesh)
+        replicate(model, mesh=dp_mesh, mp_policy=mp)
         return model
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
     reshard = zero_stage == 3
     for block in model.blocks.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, offload_policy=policy, mp_policy=mp)
     return model
 
 

@@ -19,13 +19,18 @@ from autoplan.cost.model_states import optimizer_step_bytes
 from autoplan.cost.model_workload import workload_fn
 from autoplan.cost.tables import build_table
 from autoplan.cost.workload import LayerSplit
-from autoplan.schema import ModelSpec, TrainingSetup, load_cluster, load_device
+from autoplan.schema import ModelSpec, TrainingSetup, load_cluster, load_device, load_stack
 from autoplan.schema.parallel_dims import GroupSpan
 from tests.planner.random_problems import config
 
 
+# The stack of the measured layers (Megatron-LM 2022, fused kernels, no TP overlap) at its kernel-level
+# speed: what these tests check is the sum of kernels and collectives, not the stack's fitted efficiency.
+KERNEL_STACK = dataclasses.replace(load_stack("megatron-lm"), gemm_efficiency=1.0, attention_efficiency=1.0, fitted=())
+
+
 def analytic_workload(model, cluster, training, b, tp, sp):
-    return workload_fn(model, cluster, training)(LayerSplit(b, tp, sp))
+    return workload_fn(model, cluster, training, KERNEL_STACK)(LayerSplit(b, tp, sp))
 
 GB = 1e9
 GPT3_175B = ModelSpec(name="gpt3-175b", architecture="gpt", num_layers=96, hidden_size=12288, ffn_hidden_size=49152,

@@ -72,7 +72,7 @@ class SharedCoresHost(HostModel):
             if device.optimizer_ns_per_param > 0:  # op by op, as measured (scaled by the fused bytes' ratio)
                 per_param = device.optimizer_ns_per_param * 1e-9 * optimizer_step_bytes(training) / ADAMW_FP32_STEP_BYTES
             else:
-                per_param = memory_bound_step_s(cluster, training)
+                per_param = memory_bound_step_s(cluster, training, workload.stack)
             tensors = optimizer_tensor_s(cluster, c, layer.param_tensors + extra_tensors,
                                          layer.tp_param_tensors + extra_tensors, 1.0)
             return ns((shard * per_param + tensors) * share.tail)
@@ -82,7 +82,7 @@ class SharedCoresHost(HostModel):
         changes = dict(
             block=times(block), embedding=times(workload.embedding), head=times(workload.head),
             selective_extra_ns=ns(block.selective_extra_s * share.pipeline),
-            full_extra_ns=ns(share.scaled_s(block.fwd_s, block.host_fwd_s) + block.tp_fwd_s),
+            full_extra_ns=ns(share.scaled_s(block.fwd_s, block.host_fwd_s) + block.tp_fwd_s + block.cp_fwd_s),
             overlap_grad_reduce=False, share=share,
         )
         if zero:  # one gather and one reduce-scatter per unit where the runtime issues them

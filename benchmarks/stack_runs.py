@@ -1,0 +1,356 @@
+"""Published runs of each training stack against the cost model for that stack: throughput and peak memory.
+
+    python benchmarks/stack_runs.py            # every run of benchmarks/data/stack_runs.yaml, and the held-out runs
+    python benchmarks/stack_runs.py --fit      # also refit the stacks' fitted parameters, with leave-one-out errors
+    python benchmarks/stack_runs.py --json
+
+Each run is predicted for its own stack (``stack`` in the data file: torchtitan, torchtitan-compile,
+torchtitan-compile-async-tp, megatron) on its own cluster, with its published layout: the parallel sizes,
+ZeRO stage, schedule, micro-batch size and recomputation, and the stage split its software makes
+(torchtitan: ``generate_split_points``, the first stage the base share and the middle stages the extra
+layers; Megatron: equal stages). What a source does not publish (NeMo's recomputation) is searched by the
+planner with everything else pinned. Throughput is compared as tokens/s per GPU, memory as torchtitan
+logs it: the largest reserved memory over the ranks, against the planner's peak (which counts the
+allocator's reserve).
+
+Fitting (``--fit``): a stack may carry a few parameters fitted to these runs, never finer than the stack
+(schema/stack.py ``fitted``). Here: for the torchtitan stacks (one value shared by the three),
+``allocator_reserve`` minimises the median |error| of peak memory over their runs with memory, and
+``comm_compute_slowdown`` the median |error| of throughput; each by a scan over a grid. Leave-one-out:
+each run is predicted with the parameter refitted without it, and its error printed; the held-out runs
+(not in the data file: torchtitan's async-TP benchmark of June 2025, ``HELD_OUT``) are predicted with the
+shipped values and never fitted to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from autoplan.cost.estimate import estimate_layout, layout_of
+from autoplan.cost.evaluate import StageShape
+from autoplan.cost.model_workload import workload_fn
+from autoplan.schema import ModelSpec, ParallelConfig, StackProfile, TrainingSetup, load_cluster, load_stack
+from autoplan.search.planner import search
+from autoplan.search.result import predicted_of
+from autoplan.search.space import Pins, SearchLimits
+
+DATA = Path(__file__).parent / "data" / "stack_runs.yaml"
+TORCHTITAN = ("torchtitan", "torchtitan-compile", "torchtitan-compile-async-tp")
+
+# torchtitan's async-TP benchmark, June 2025 (pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md,
+# Grand Teton H100): tokens/s per GPU, vanilla and async TP, bf16 and float8 tensorwise. Held out: never fitted to.
+LLAMA3_8B = dict(architecture="llama", num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                 num_kv_heads=8, vocab_size=128256)
+LLAMA3_70B = dict(architecture="llama", num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
+                  num_kv_heads=8, vocab_size=128256)
+
+
+def _held_out() -> list[dict]:
+    rows = []
+    for name, model, gpus, tp, local, recompute, figures in (
+            ("70b-256gpu-fsdp32-tp8", LLAMA3_70B, 256, 8, 16, "full", ((597.3, 652.4), (809.8, 942.4))),
+            ("8b-64gpu-fsdp8-tp8", LLAMA3_8B, 64, 8, 12, "selective", ((4378.0, 4809.4), (5078.1, 5570.1)))):
+        dp = gpus // tp
+        for precision, (vanilla, async_tp) in zip(("bf16", "fp8"), figures):
+            for stack, value in (("torchtitan-compile", vanilla), ("torchtitan-compile-async-tp", async_tp)):
+                rows.append(dict(name=f"torchtitan-2025-06-llama3-{name}-{precision}-{stack.removeprefix('torchtitan-')}",
+                                 source="pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md",
+                                 stack=stack, cluster="grand-teton-h100", gpus=gpus, precision=precision, seq_len=8192,
+                                 global_batch_size=local * dp, model=model,
+                                 layout=dict(tp=tp, pp=1, dp=dp, cp=1, sequence_parallel=True, zero_stage=3,
+                                             schedule="1f1b", virtual_stages=1, micro_batch_size=local,
+                                             recompute=recompute),
+                                 published={"tokens_per_s_per_gpu": value}))
+    return rows
+
+
+HELD_OUT = _held_out()
+
+
+def load_runs() -> list[dict]:
+    return yaml.safe_load(DATA.read_text())
+
+
+def torchtitan_split(layers: int, stages: int) -> tuple[int, ...]:
+    """torchtitan's generated split points (pipelining_utils.py ``generate_split_points``): the first stage
+    gets the base share, the middle stages one extra layer each while the remainder lasts, the last the rest."""
+    if stages == 1:
+        return (layers,)
+    base, extra = divmod(layers, stages)
+    split = [base]
+    for _ in range(stages - 2):
+        split.append(base + (1 if extra > 0 else 0))
+        extra -= 1 if extra > 0 else 0
+    split.append(layers - sum(split))
+    return tuple(split)
+
+
+def setup(run: dict, stack: StackProfile):
+    model = ModelSpec(name=run["name"], seq_len=run["seq_len"], tie_embeddings=False, **run["model"])
+    cluster = dataclasses.replace(load_cluster(run["cluster"]), num_nodes=run["gpus"] // 8)
+    # memory_margin 0: a published configuration that trained must fit the whole device
+    training = TrainingSetup(global_batch_size=run["global_batch_size"], seq_len=run["seq_len"],
+                             precision=run["precision"], memory_margin=0.0)
+    return model, cluster, training, workload_fn(model, cluster, training, stack)
+
+
+def predict(run: dict, stack: StackProfile) -> dict:
+    """The run predicted for ``stack``: tokens/s per GPU, peak memory (GiB), whether it fits, the layout."""
+    model, cluster, training, fn = setup(run, stack)
+    lay = run["layout"]
+    per_replica = run["global_batch_size"] // lay["dp"]
+    fields = {k: lay[k] for k in ("tp", "pp", "dp", "cp", "sequence_parallel", "zero_stage", "schedule", "virtual_stages",
+                                  "micro_batch_size")}
+    config = ParallelConfig(**fields, offload_optimizer=False, num_microbatches=per_replica // lay["micro_batch_size"])
+    stages = config.num_stages
+    if lay["recompute"] is None:  # not published: the planner's choice, everything else pinned, equal stages
+        pins = Pins(**fields, offload_optimizer=False)
+        limits = SearchLimits(max_edge_trim=0, max_virtual_stages=max(4, lay["virtual_stages"]),
+                              max_stage_microbatches=2**20)
+        result = search(model, fn, cluster, training, pins, top_k=1, limits=limits)
+        if result.best is None:
+            return {"tokens_per_s_per_gpu": 0.0, "memory_gib": float("nan"), "fits": False, "recompute": "-"}
+        _, predicted = predicted_of(result.best, cluster, training)
+        shapes = result.best.shapes
+    else:
+        split = torchtitan_split(model.num_layers, stages) if run["stack"] in TORCHTITAN else \
+            tuple(model.num_layers // stages for _ in range(stages))
+        mode = lay["recompute"]
+        shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)
+        predicted, _, _ = estimate_layout(fn, cluster, training, layout_of(config, shapes))
+    full = sum(s.full for s in shapes)
+    sel = sum(s.selective for s in shapes)
+    return {"tokens_per_s_per_gpu": predicted.tokens_per_s / cluster.num_devices,
+            "memory_gib": predicted.memory.reserved_gib, "fits": predicted.peak_memory_gib <= predicted.capacity_gib,
+            "capacity_gib": predicted.capacity_gib, "recompute": f"full {full} sel {sel}"}
+
+
+def errors(runs: list[dict], stacks: dict[str, StackProfile]) -> list[dict]:
+    rows = []
+    for run in runs:
+        p = predict(run, stacks[run["stack"]])
+        pub = run["published"]
+        row = {"name": run["name"], "stack": run["stack"], **p,
+               "published_tokens_per_s_per_gpu": pub["tokens_per_s_per_gpu"],
+               "throughput_error": p["tokens_per_s_per_gpu"] / pub["tokens_per_s_per_gpu"] - 1,
+               "published_memory_gib": pub.get("memory_gib"),
+               "memory_error": p["memory_gib"] / pub["memory_gib"] - 1 if pub.get("memory_gib") else None}
+        rows.append(row)
+    return rows
+
+
+def _median_abs(xs) -> float:
+    xs = [abs(x) for x in xs if x is not None]
+    return statistics.median(xs) if xs else 0.0
+
+
+def render(rows: list[dict], title: str) -> str:
+    lines = [title, f"{'run':52s} {'stack':27s} {'published':>9s} {'predicted':>9s} {'error':>7s}  "
+                    f"{'memory GiB pub/pred':>19s} {'error':>7s}  fits  recomputation"]
+    for r in rows:
+        mem = (f"{r['published_memory_gib']:7.1f}/{r['memory_gib']:<7.1f}     {100 * r['memory_error']:+6.1f}%"
+               if r["memory_error"] is not None else f"{'-':>19s} {'':7s}")
+        lines.append(f"{r['name'][:52]:52s} {r['stack']:27s} {r['published_tokens_per_s_per_gpu']:9.0f} "
+                     f"{r['tokens_per_s_per_gpu']:9.0f} {100 * r['throughput_error']:+6.1f}%  {mem}  "
+                     f"{'yes ' if r['fits'] else 'NO  '}  {r['recompute']}")
+    t = [r["throughput_error"] for r in rows]
+    m = [r["memory_error"] for r in rows if r["memory_error"] is not None]
+    lines.append(f"throughput: median |error| {100 * _median_abs(t):.1f}%, max {100 * max(map(abs, t)):.1f}%"
+                 + (f"; memory: median |error| {100 * _median_abs(m):.1f}%, max {100 * max(map(abs, m)):.1f}%" if m else "")
+                 + f"; {sum(not r['fits'] for r in rows)} refused as out of memory")
+    return "\n".join(lines)
+
+
+sys.path.insert(0, str(Path(__file__).parent))  # dev_set.py beside this file
+
+
+def shipped_stacks() -> dict[str, StackProfile]:
+    return {name: load_stack(name) for name in (*TORCHTITAN, "megatron")}
+
+
+# The fitted parameters: for the torchtitan stacks, one value of each shared by the three (their kernels,
+# allocator and runtime are the same software); tp_comm_overlap only where async TP runs.
+THROUGHPUT_FIELDS = ("gemm_efficiency", "attention_efficiency", "tp_comm_overlap")
+BOUNDS = {"gemm_efficiency": (0.3, 1.0), "attention_efficiency": (0.3, 1.0), "tp_comm_overlap": (0.0, 1.0)}
+
+
+def _with(stacks: dict[str, StackProfile], values: dict[str, float]) -> dict[str, StackProfile]:
+    out = dict(stacks)
+    for name in TORCHTITAN:
+        fields = {k: v for k, v in values.items() if k != "tp_comm_overlap" or name.endswith("async-tp")}
+        out[name] = dataclasses.replace(stacks[name], **fields)
+    return out
+
+
+def _log_error_sq(runs: list[dict], stacks: dict[str, StackProfile], key: str) -> float:
+    total = 0.0
+    for run in runs:
+        p = predict(run, stacks[run["stack"]])
+        published = run["published"][key]
+        total += math.log(max(p[key], 1e-9) / published) ** 2
+    return total
+
+
+def fit_throughput(runs: list[dict], stacks: dict[str, StackProfile],
+                   start: dict[str, float] | None = None) -> dict[str, float]:
+    """The torchtitan stacks' throughput parameters minimising the squared log error of tokens/s per GPU
+    (Nelder-Mead from ``start``, clipped to ``BOUNDS``)."""
+    from scipy.optimize import minimize
+
+    runs = [r for r in runs if r["stack"] in TORCHTITAN]
+    fields = [f for f in THROUGHPUT_FIELDS if f != "tp_comm_overlap" or any(r["stack"].endswith("async-tp") for r in runs)]
+
+    def values(x) -> dict[str, float]:
+        return {f: min(max(v, BOUNDS[f][0]), BOUNDS[f][1]) for f, v in zip(fields, x)}
+
+    x0 = [(start or {}).get(f, default) for f, default in zip(fields, (0.8, 0.8, 0.2))]
+    # a wide first simplex (the error is piecewise smooth: the search's choices jump): steps of 0.1 in the
+    # efficiencies and 0.4 in the overlap, folded back inside the bounds
+    steps = [0.1, 0.1, 0.4][:len(fields)]
+    simplex = [x0] + [[x + (s if i == j else 0.0) * (1 if x + s <= BOUNDS[f][1] else -1)
+                       for j, (x, s, f) in enumerate(zip(x0, steps, fields))] for i in range(len(fields))]
+    res = minimize(lambda x: _log_error_sq(runs, _with(stacks, values(x)), "tokens_per_s_per_gpu"), x0,
+                   method="Nelder-Mead", options={"xatol": 2e-3, "fatol": 1e-5, "maxfev": 400 if start is None else 80,
+                                                  "initial_simplex": simplex})
+    return {f: round(float(v), 3) for f, v in values(res.x).items()}
+
+
+def fit_cache(runs: list[dict], stacks: dict[str, StackProfile]) -> float:
+    """The torchtitan stacks' allocator cache minimising the squared log error of peak reserved memory,
+    scanned over 0 to 1 in steps of 0.01."""
+    runs = [r for r in runs if r["stack"] in TORCHTITAN and r["published"].get("memory_gib")]
+    grid = [i / 100 for i in range(101)]
+    best = min(grid, key=lambda r: _log_error_sq(runs, _with(stacks, {"allocator_cache": r}), "memory_gib"))
+    return best
+
+
+def scan(error_of_value, bounds: tuple[float, float]) -> float:
+    """The value in ``bounds`` minimising the squared log error of the relative errors ``error_of_value(v)``
+    (bounded scalar minimisation to 0.002, rounded to 0.01)."""
+    from scipy.optimize import minimize_scalar
+
+    res = minimize_scalar(lambda v: sum(math.log(1 + e) ** 2 for e in error_of_value(v)), bounds=bounds,
+                          method="bounded", options={"xatol": 2e-3})
+    return round(float(res.x), 2)
+
+
+def megatron_errors(runs: list[dict], stacks: dict[str, StackProfile], overlap: float) -> list[float]:
+    stack = dataclasses.replace(stacks["megatron"], tp_comm_overlap=overlap)
+    return [predict(r, stack)["tokens_per_s_per_gpu"] / r["published"]["tokens_per_s_per_gpu"] - 1 for r in runs]
+
+
+def fit_megatron(runs: list[dict], stacks: dict[str, StackProfile]) -> float:
+    """Megatron's tensor-parallel overlap (NeMo's recipes run Transformer Engine's user-buffer overlap) over
+    the NeMo runs."""
+    runs = [r for r in runs if r["stack"] == "megatron"]
+    return scan(lambda v: megatron_errors(runs, stacks, v), (0.0, 1.0))
+
+
+def dev_errors(dev_runs: list[dict], stack: StackProfile) -> list[float]:
+    import dev_set
+
+    out = []
+    for run in dev_runs:
+        plan, _ = dev_set.predict_run(run, stack=stack)
+        published, predicted, _ = dev_set.error_of(run, plan)
+        out.append(predicted / published - 1)
+    return out
+
+
+def fit_megatron_lm(dev_runs: list[dict], stack: StackProfile) -> float:
+    """Megatron-LM 2021-22's GEMM efficiency over the dev set (benchmarks/data/dev_runs.yaml)."""
+    return scan(lambda v: dev_errors(dev_runs, dataclasses.replace(stack, gemm_efficiency=v)), (0.5, 1.0))
+
+
+def _loo_lines(names: list[str], refit, predict_one) -> tuple[list[str], list[float]]:
+    """Each run predicted with the value refitted without it: (lines, errors)."""
+    lines, errs = [], []
+    for i, name in enumerate(names):
+        value = refit(i)
+        e = predict_one(i, value)
+        errs.append(e)
+        lines.append(f"{name[:52]:52s} {100 * e:+15.1f}%  refitted {value}")
+    return lines, errs
+
+
+def fit_report(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
+    """The fitted values on all the runs, and each run's error with the values refitted without it."""
+    throughput = fit_throughput(runs, stacks)
+    reserve = fit_cache(runs, stacks)
+    lines = [f"torchtitan, torchtitan-compile, torchtitan-compile-async-tp: fitted on their "
+             f"{sum(r['stack'] in TORCHTITAN for r in runs)} runs: "
+             + ", ".join(f"{k} {v}" for k, v in throughput.items()) + f", allocator_cache {reserve}",
+             "leave-one-out (each run predicted with the parameters refitted without it):",
+             f"{'run':52s} {'throughput error':>16s} {'memory error':>13s}  refitted"]
+    t_errors, m_errors = [], []
+    for i, run in enumerate(runs):
+        if run["stack"] not in TORCHTITAN:
+            continue
+        rest = runs[:i] + runs[i + 1:]
+        values = {**fit_throughput(rest, stacks, start=throughput), "allocator_cache": fit_cache(rest, stacks)}
+        p = predict(run, _with(stacks, values)[run["stack"]])
+        t = p["tokens_per_s_per_gpu"] / run["published"]["tokens_per_s_per_gpu"] - 1
+        m = p["memory_gib"] / run["published"]["memory_gib"] - 1 if run["published"].get("memory_gib") else None
+        t_errors.append(t)
+        m_errors.append(m)
+        lines.append(f"{run['name'][:52]:52s} {100 * t:+15.1f}% {'' if m is None else f'{100 * m:+12.1f}%'}  "
+                     + ", ".join(f"{k} {v}" for k, v in values.items()))
+    lines.append(f"leave-one-out: throughput median |error| {100 * _median_abs(t_errors):.1f}%, max "
+                 f"{100 * max(map(abs, t_errors)):.1f}%; memory median |error| {100 * _median_abs(m_errors):.1f}%, max "
+                 f"{100 * max(abs(m) for m in m_errors if m is not None):.1f}%")
+
+    nemo = [r for r in runs if r["stack"] == "megatron"]
+    overlap = fit_megatron(runs, stacks)
+    lines += ["", f"megatron: tp_comm_overlap fitted on the {len(nemo)} NeMo runs: {overlap}",
+              f"{'run':52s} {'throughput error':>16s}"]
+    more, errs = _loo_lines([r["name"] for r in nemo], lambda i: fit_megatron(nemo[:i] + nemo[i + 1:], stacks),
+                            lambda i, v: megatron_errors([nemo[i]], stacks, v)[0])
+    lines += more + [f"leave-one-out: median |error| {100 * _median_abs(errs):.1f}%, max {100 * max(map(abs, errs)):.1f}%"]
+
+    import dev_set
+
+    dev = dev_set.load_runs()
+    lm = load_stack("megatron-lm")
+    gemm = fit_megatron_lm(dev, lm)
+    lines += ["", f"megatron-lm: gemm_efficiency fitted on the {len(dev)} dev-set runs: {gemm}",
+              f"{'run':52s} {'throughput error':>16s}"]
+    more, errs = _loo_lines([r["name"] for r in dev], lambda i: fit_megatron_lm(dev[:i] + dev[i + 1:], lm),
+                            lambda i, v: dev_errors([dev[i]], dataclasses.replace(lm, gemm_efficiency=v))[0])
+    lines += more + [f"leave-one-out: median |error| {100 * _median_abs(errs):.1f}%, max {100 * max(map(abs, errs)):.1f}%"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fit", action="store_true", help="refit the stacks' fitted parameters and print leave-one-out errors")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    stacks = shipped_stacks()
+    runs = load_runs()
+    fitted = errors(runs, stacks)
+    held = errors(HELD_OUT, stacks)
+    if args.json:
+        print(json.dumps({"runs": fitted, "held_out": held}))
+        return 0
+    print(render(fitted, "runs the stacks may be fitted to (benchmarks/data/stack_runs.yaml):"))
+    print()
+    print(render(held, "held-out runs (never fitted to):"))
+    if args.fit:
+        print()
+        print(fit_report(runs, stacks))
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""``autoplan export``: a plan in torchtitan's and Megatron-LM's own configuration.
+
+The torchtitan job file goes through torchtitan's own config loader (torchtitan.config.ConfigManager, the
+package's config module only) and must come back with the plan's degrees, stage split, batch and
+recomputation. Every Megatron argument names the Megatron-Core config field it sets; those names are
+checked against the dataclasses of the installed megatron-core (read with ast, nothing imported). What a
+target cannot express is one line naming the nearest it can.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.metadata
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from autoplan.cli.main import main
+from autoplan.export import ExportError, megatron_arguments, torchtitan_toml
+from autoplan.export.megatron import GPT_MODEL, TRAINING_LOOP
+from autoplan.schema import Stage, load_plan
+
+ESTIMATE = ["estimate", "llama3-8b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64", "--micro-batch-size",
+            "1", "--stack", "torchtitan"]
+
+
+def _plan(tmp_path, *flags):
+    path = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.yaml"
+    assert main([*ESTIMATE, *flags, "-o", str(path)]) in (0, 3)  # 3: does not fit; still a plan to export
+    return path, load_plan(path)
+
+
+def _torchtitan_config_manager():
+    """torchtitan's ConfigManager without running torchtitan/__init__.py (which loads its model zoo)."""
+    if "torchtitan" not in sys.modules:
+        spec = importlib.util.find_spec("torchtitan")
+        if spec is None:
+            pytest.skip("torchtitan is not installed (.ci/run installs it: pip install --no-deps torchtitan==0.2.2)")
+        pkg = types.ModuleType("torchtitan")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["torchtitan"] = pkg
+    from torchtitan.config import ConfigManager
+
+    return ConfigManager
+
+
+def _load_toml(tmp_path, text: str):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return _torchtitan_config_manager()().parse_args(["--job.config_file", str(path)])
+
+
+LAYOUTS = {
+    "pp4 interleaved, ZeRO 3, full": ["--nodes", "2", "--tp", "2", "--pp", "4", "--sequence-parallel", "--zero-stage",
+                                      "3", "--schedule", "interleaved", "--virtual-stages", "2", "--recompute", "full"],
+    "pp2 1f1b, ZeRO 2, selective": ["--nodes", "1", "--tp", "4", "--pp", "2", "--sequence-parallel", "--zero-stage",
+                                    "2", "--schedule", "1f1b", "--recompute", "selective"],
+    "fsdp only, cp 2, no recompute": ["--nodes", "1", "--tp", "1", "--pp", "1", "--cp", "2", "--zero-stage", "3",
+                                      "--schedule", "1f1b", "--recompute", "none"],
+    "ddp tp 8, full": ["--nodes", "2", "--tp", "8", "--pp", "1", "--sequence-parallel", "--zero-stage", "0",
+                  "--schedule", "1f1b", "--recompute", "full"],
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_torchtitan_loads_the_job_file_with_the_plans_layout(tmp_path, name):
+    _, plan = _plan(tmp_path, *LAYOUTS[name])
+    job = _load_toml(tmp_path, torchtitan_toml(plan))
+    p = job.parallelism
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree) == (plan.tp, plan.pp, plan.cp)
+    assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree == plan.dp
+    assert (p.data_parallel_shard_degree > 1) == (plan.zero_stage >= 2 and plan.dp > 1)
+    assert job.training.global_batch_size == plan.training.global_batch_size
+    assert job.training.seq_len == plan.training.seq_len
+    if plan.pp > 1:
+        # the plan's exact stage split, and its micro-batches
+        assert [[f for f in part if f.startswith("layers.")] for part in p.module_fqns_per_model_part] == \
+            [[f"layers.{i}" for i in range(*s.layers)] for s in plan.stages]
+        assert job.training.local_batch_size // p.pipeline_parallel_microbatch_size == plan.num_microbatches
+        assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule]
+    else:  # gradient accumulation over the plan's micro-batches
+        assert job.training.global_batch_size // (job.training.local_batch_size * plan.dp) == plan.num_microbatches
+    mode = name.rsplit(", ", 1)[1].replace("no recompute", "none")
+    assert job.activation_checkpoint.mode == mode
+    if mode == "selective":
+        assert job.activation_checkpoint.selective_ac_option == "op"
+    assert job.model.flavor == "8B"
+
+
+def _with_recompute(plan, full_per_stage: list[int]):
+    stages = tuple(dataclasses.replace(s, full_recompute=tuple(range(s.layers[0], s.layers[0] + k)),
+                                       selective_recompute=()) for s, k in zip(plan.stages, full_per_stage))
+    return dataclasses.replace(plan, stages=stages)
+
+
+def test_every_nth_block_recompute_maps_and_uneven_recompute_is_refused_naming_the_nearest(tmp_path):
+    _, plan = _plan(tmp_path, *LAYOUTS["pp2 1f1b, ZeRO 2, selective"])
+    every4 = _with_recompute(plan, [4, 4])  # 16 blocks per stage
+    job = _load_toml(tmp_path, torchtitan_toml(every4))
+    assert (job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option) == ("selective", "4")
+    uneven = _with_recompute(plan, [5, 2])
+    with pytest.raises(ExportError) as err:
+        torchtitan_toml(uneven)
+    assert "\n" not in str(err.value) and "nearest" in str(err.value) and "full 5/16" in str(err.value)
+    with pytest.raises(ExportError) as err:
+        megatron_arguments(uneven)
+    assert "--recompute-num-layers 5" in str(err.value)
+
+
+def test_refusals_are_one_line_with_exit_status_2(tmp_path, capsys):
+    path, _ = _plan(tmp_path, "--nodes", "1", "--tp", "2", "--pp", "1", "--zero-stage", "1", "--schedule", "1f1b")
+    assert main(["export", str(path), "--to", "torchtitan"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("autoplan export: error: zero_stage:") and "nearest: --zero-stage 2" in err[-1]
+
+
+def _core_fields() -> dict[str, set[str]]:
+    """Annotated fields of Megatron-Core's config dataclasses in the installed package (read, not imported)."""
+    try:
+        files = importlib.metadata.files("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("megatron-core is not installed (.ci/run installs it: pip install --no-deps megatron-core)")
+    wanted = {"TransformerConfig": "megatron/core/transformer/transformer_config.py",
+              "ModelParallelConfig": "megatron/core/model_parallel_config.py",
+              "DistributedDataParallelConfig": "megatron/core/distributed/distributed_data_parallel_config.py",
+              "OptimizerConfig": "megatron/core/optimizer/optimizer_config.py"}
+    by_path = {str(f): f for f in files}
+    fields: dict[str, set[str]] = {}
+    for cls, rel in wanted.items():
+        tree = ast.parse(Path(by_path[rel].locate()).read_text())
+        node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+        fields[cls] = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    fields["TransformerConfig"] |= fields["ModelParallelConfig"]  # TransformerConfig(ModelParallelConfig)
+    return fields
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_megatron_arguments_name_real_core_config_fields(tmp_path, name):
+    fields = _core_fields()
+    _, plan = _plan(tmp_path, *LAYOUTS[name], "--precision", "fp8")
+    args = megatron_arguments(plan)
+    for a in args:
+        if a.field is None:
+            assert a.why_no_field in (TRAINING_LOOP, GPT_MODEL, "switches num_query_groups on"), a
+            continue
+        cls, field = a.field.split(".")
+        assert field in fields[cls], a
+        # the flag is the field's name with dashes, or one of Megatron-LM's documented renames
+        renames = {"--norm-epsilon": "layernorm_epsilon", "--swiglu": "gated_linear_unit",
+                   "--disable-bias-linear": "add_bias_linear", "--fp8-format": "fp8",
+                   "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size",
+                   "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+                   "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}
+        assert renames.get(a.flag, a.flag[2:].replace("-", "_")) == field, a
+    values = {a.flag: a.value for a in args}
+    assert values["--tensor-model-parallel-size"] == str(plan.tp)
+    assert values["--pipeline-model-parallel-size"] == str(plan.pp)
+    assert values["--micro-batch-size"] == str(plan.micro_batch_size)
+    if plan.schedule == "interleaved":
+        assert values["--num-virtual-stages-per-pipeline-rank"] == str(plan.virtual_stages)
+    full = {len(s.full_recompute) for s in plan.stages}
+    if full != {0}:
+        assert values["--recompute-num-layers"] == str(full.pop())
+
+
+def test_megatron_uneven_first_and_last_stages(tmp_path):
+    _, plan = _plan(tmp_path, *LAYOUTS["pp4 interleaved, ZeRO 3, full"])
+    plan = dataclasses.replace(plan, schedule="1f1b", virtual_stages=1, stages=(
+        Stage(0, 0, (0, 7)), Stage(1, 1, (7, 16)), Stage(2, 2, (16, 25)), Stage(3, 3, (25, 32))))
+    values = {a.flag: a.value for a in megatron_arguments(plan)}
+    assert values["--decoder-first-pipeline-num-layers"] == "7"
+    assert values["--decoder-last-pipeline-num-layers"] == "7"
+    plan = dataclasses.replace(plan, stages=(Stage(0, 0, (0, 8)), Stage(1, 1, (8, 15)), Stage(2, 2, (15, 24)),
+                                             Stage(3, 3, (24, 32))))
+    with pytest.raises(ExportError, match="nearest: an even split"):
+        megatron_arguments(plan)

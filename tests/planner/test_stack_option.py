@@ -1,0 +1,67 @@
+"""``--stack``: a plan is priced for the stack that will run it and records it; the stacks price the same
+layout differently where their kernels differ; ``autoplan run`` says when a plan was made for another stack;
+a bad name is one line."""
+
+import json
+
+import pytest
+
+from autoplan.cli.main import main
+from autoplan.schema import DEFAULT_STACK, load_plan, load_stack
+from autoplan.schema.io import shipped_names
+
+ESTIMATE = ["estimate", "llama3-8b", "--cluster", "dgx-h100-80gb", "--nodes", "1", "--global-batch-size", "16",
+            "--tp", "2", "--pp", "1", "--zero-stage", "1", "--schedule", "1f1b", "--micro-batch-size", "1",
+            "--json"]
+
+
+def _estimate(capsys, *extra):
+    code = main([*ESTIMATE, *extra])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    return json.loads(out)
+
+
+def test_every_shipped_stack_loads_and_names_its_sources():
+    names = shipped_names("stacks")
+    assert {"autoplan", "torchtitan", "torchtitan-compile", "megatron", "megatron-lm"} <= set(names)
+    for name in names:
+        stack = load_stack(name)
+        assert stack.name == name
+        sourced = {s.field for s in stack.sources} | {f.field for f in stack.fitted}
+        # every choice a stack makes about kernels and overlap says where it comes from
+        for field in ("elementwise", "tp_input_grad_reduce", "selective_recompute", "param_gather", "grad_reduce",
+                      "optimizer_bytes_per_param", "tp_comm_overlap"):
+            assert field in sourced, (name, field)
+
+
+def test_the_default_is_this_runtime_and_eager_kernels_cost_more_than_fused(capsys):
+    default = _estimate(capsys)
+    assert default["stack"] == DEFAULT_STACK == "autoplan"
+    megatron = _estimate(capsys, "--stack", "megatron")
+    torchtitan = _estimate(capsys, "--stack", "torchtitan")
+    # eager PyTorch runs every memory-bound op as its own kernel, DTensor TP reduces per module: slower
+    # than Megatron's fused kernels on the same layout
+    assert default["predicted"]["step_time_s"] > 1.1 * megatron["predicted"]["step_time_s"]
+    assert torchtitan["predicted"]["step_time_s"] > 1.1 * megatron["predicted"]["step_time_s"]
+
+
+def test_a_plan_records_its_stack_and_run_warns_about_another(tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    code = main(["estimate", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "4", "--tp", "1",
+                 "--pp", "1", "--zero-stage", "0", "--schedule", "1f1b", "--micro-batch-size", "1", "--stack",
+                 "torchtitan", "-o", str(path)])
+    assert code == 0
+    assert load_plan(path).stack == load_stack("torchtitan")
+    capsys.readouterr()
+    code = main(["run", str(path), "--print-command"])
+    _, err = capsys.readouterr()
+    assert code == 0
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "'torchtitan'" in warnings[0] and "--stack autoplan" in warnings[0]
+
+
+def test_an_unknown_stack_is_one_line(capsys):
+    assert main([*ESTIMATE, "--stack", "deepspeed"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("autoplan estimate: error: --stack: deepspeed:")
