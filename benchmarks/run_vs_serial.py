@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "runtime")]
 
-from autoplan.cli.run import SAMPLE_TEXT  # noqa: E402
+from autoplan.launcher.preflight import SAMPLE_TEXT  # noqa: E402
 from autoplan.schema import load_plan  # noqa: E402
 from rt_helpers import serial_run  # noqa: E402
 

@@ -2,6 +2,7 @@
 
     python benchmarks/stack_runs.py            # every run of benchmarks/data/stack_runs.yaml, and the held-out runs
     python benchmarks/stack_runs.py --fit      # also refit the stacks' fitted parameters, with leave-one-out errors
+    python benchmarks/stack_runs.py --free     # also: the planner's own choice for each run's job, against its layout
     python benchmarks/stack_runs.py --json
 
 Each run is predicted for its own stack (``stack`` in the data file: torchtitan, torchtitan-compile,
@@ -10,16 +11,20 @@ ZeRO stage, schedule, micro-batch size and recomputation, and the stage split it
 (torchtitan: ``generate_split_points``, the first stage the base share and the middle stages the extra
 layers; Megatron: equal stages). What a source does not publish (NeMo's recomputation) is searched by the
 planner with everything else pinned. Throughput is compared as tokens/s per GPU, memory as torchtitan
-logs it: the largest reserved memory over the ranks, against the planner's peak (which counts the
-allocator's reserve).
+logs it (``max_memory_reserved``, the largest over the ranks) against the plan's reserved figure
+(``MemoryBreakdown.reserved_gib``: the allocated peak and the allocator's cache).
 
-Fitting (``--fit``): a stack may carry a few parameters fitted to these runs, never finer than the stack
-(schema/stack.py ``fitted``). Here: for the torchtitan stacks (one value shared by the three),
-``allocator_reserve`` minimises the median |error| of peak memory over their runs with memory, and
-``comm_compute_slowdown`` the median |error| of throughput; each by a scan over a grid. Leave-one-out:
-each run is predicted with the parameter refitted without it, and its error printed; the held-out runs
-(not in the data file: torchtitan's async-TP benchmark of June 2025, ``HELD_OUT``) are predicted with the
-shipped values and never fitted to.
+Fitting (``--fit``): a stack may carry a few parameters fitted to published runs of it, never finer than
+the stack (schema/stack.py ``fitted``), and only to these runs and the dev set:
+* the torchtitan stacks (one value shared by the three: the same kernels, allocator and runtime):
+  ``gemm_efficiency``, ``attention_efficiency`` and, for the async-TP stack, ``tp_comm_overlap``, by
+  Nelder-Mead on the squared log error of tokens/s per GPU; ``allocator_cache`` by a scan on the squared
+  log error of peak reserved memory;
+* ``megatron``: ``tp_comm_overlap`` over the NeMo runs (their recipes run Transformer Engine's TP overlap);
+* ``megatron-lm``: ``gemm_efficiency`` over the dev set (benchmarks/dev_set.py).
+Leave-one-out: each run is predicted with the parameters refitted without it, and its error printed.
+The held-out runs (not in the data file: torchtitan's async-TP benchmark of June 2025, ``HELD_OUT``) are
+predicted with the shipped values and never fitted to.
 """
 
 from __future__ import annotations
@@ -146,6 +151,31 @@ def errors(runs: list[dict], stacks: dict[str, StackProfile]) -> list[dict]:
                "memory_error": p["memory_gib"] / pub["memory_gib"] - 1 if pub.get("memory_gib") else None}
         rows.append(row)
     return rows
+
+
+def free_plans(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
+    """For each run, the plan the search picks for the same model, cluster, batch and stack with nothing
+    pinned, against the run's published layout priced the same way: what the planner claims to gain, beside
+    the model's own error on that run."""
+    from autoplan.report.tables import layout_label, recompute_label
+
+    lines = ["the planner's free choice for each run's job (same stack), against the published layout:",
+             f"{'run':52s} {'model error':>11s} {'free plan':52s} {'claimed gain':>12s}"]
+    for run in runs:
+        stack = stacks[run["stack"]]
+        model, cluster, training, fn = setup(run, stack)
+        training = dataclasses.replace(training, memory_margin=0.1)  # the planner's own margin
+        result = search(model, fn, cluster, training, Pins(), top_k=1)
+        published = predict(run, stack)
+        error = published["tokens_per_s_per_gpu"] / run["published"]["tokens_per_s_per_gpu"] - 1
+        if result.best is None:
+            lines.append(f"{run['name'][:52]:52s} {100 * error:+10.1f}% nothing fits with a 10% margin")
+            continue
+        layout, pred = predicted_of(result.best, cluster, training)
+        gain = pred.tokens_per_s / cluster.num_devices / published["tokens_per_s_per_gpu"] - 1
+        label = f"{layout_label(layout)}, {recompute_label(layout)}"
+        lines.append(f"{run['name'][:52]:52s} {100 * error:+10.1f}% {label[:52]:52s} {100 * gain:+11.1f}%")
+    return "\n".join(lines)
 
 
 def _median_abs(xs) -> float:
@@ -332,6 +362,7 @@ def fit_report(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fit", action="store_true", help="refit the stacks' fitted parameters and print leave-one-out errors")
+    p.add_argument("--free", action="store_true", help="also the planner's free choice for each run's job")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -345,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     print(render(fitted, "runs the stacks may be fitted to (benchmarks/data/stack_runs.yaml):"))
     print()
     print(render(held, "held-out runs (never fitted to):"))
+    if args.free:
+        print()
+        print(free_plans(runs, stacks))
     if args.fit:
         print()
         print(fit_report(runs, stacks))

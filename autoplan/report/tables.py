@@ -55,6 +55,8 @@ def breakdown_table(p: Predicted) -> str:
         ("weights", m.weights_gib), ("gradients", m.gradients_gib), ("optimizer state", m.optimizer_gib),
         ("activations", m.activations_gib), ("buffers", m.buffers_gib), ("fragmentation reserve", m.reserve_gib),
         *runtime, ("total (peak rank)", m.total_gib))]
+    if m.reserved_gib > m.total_gib:  # the stack's allocator cache: shown by nvidia-smi, given back under pressure
+        mem_rows.append(["reserved by the allocator", f"{m.reserved_gib:.{digits}f}"])
     stages = ", ".join(f"{g:.{digits - 1}f}" for g in p.memory_gib_per_stage)
     return "\n".join([
         f"step {p.step_time_s:.4f} s, {p.tokens_per_s:,.0f} tokens/s, {p.tflops_per_gpu:.1f} TFLOP/s per GPU "
