@@ -43,7 +43,7 @@ from autoplan.cost.activations import SavedBytes
 from autoplan.cost.comm import Collective, collective_time_s, group_link
 from autoplan.cost.context_parallel import RingExchange, ring_exposed_s
 from autoplan.cost.compute import flash_attention_time_s, matmul_time_s, memory_time_s
-from autoplan.schema import Cluster, ParallelDims, StackProfile, TrainingSetup
+from autoplan.schema import Cluster, DeviceProfile, ParallelDims, StackProfile, TrainingSetup
 
 # Backward runs two GEMMs (input and weight gradient) per forward GEMM: "backward = 2 x forward".
 BACKWARD_FACTOR = 2.0
@@ -237,7 +237,7 @@ class KernelTimes:
     """Forward time of each GEMM call, in call order (``Gemm.count`` equal calls each)."""
 
 
-def step_efficiencies(stack: StackProfile, device) -> tuple[float, float]:
+def step_efficiencies(stack: StackProfile, device: DeviceProfile) -> tuple[float, float]:
     """The shares of the kernel-level GEMM and attention speed the stack reaches inside a step: the stack's
     (fitted to published GPU runs) on GPUs; 1 on a CPU, whose calibration (``autoplan calibrate``, the
     host model of cost/cpu_host/) measures whole steps on the host itself."""

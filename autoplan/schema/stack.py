@@ -40,7 +40,7 @@ class FittedParameter:
 
     field: str
     runs: tuple[str, ...]
-    """The runs it was fitted to (benchmarks/data/stack_runs.yaml names)."""
+    """The runs it was fitted to (names in benchmarks/data/stack_runs.yaml, or dev_runs.yaml for the dev set)."""
     method: str = ""
     """How: what was minimised over which runs."""
 
@@ -102,7 +102,8 @@ class StackProfile:
     gemm_efficiency: float = 1.0
     """Share of the device's measured GEMM speed (its kernel-level curve) the stack's matmuls reach inside a
     training step: what a step adds around one GEMM measured alone (launch gaps, a power-capped clock under
-    sustained load, collectives' kernels beside them). 1: the kernel-level curve."""
+    sustained load, collectives' kernels beside them). 1: the kernel-level curve. GPUs only: a CPU's
+    calibration (cost/cpu_host/) measures whole steps on the host itself."""
     attention_efficiency: float = 1.0
     """The same for the attention kernel."""
     fitted: tuple[FittedParameter, ...] = ()
