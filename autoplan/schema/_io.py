@@ -220,8 +220,8 @@ def _num(x: float) -> str:
 UNIT_RULES: tuple[tuple[str, float, bool, float], ...] = (
     # (name suffix, lowest, lowest excluded?, highest): what a quantity with this unit can physically be
     ("_efficiency", 0.0, True, 1.0),       # a share of peak
-    ("_tflops", 0.0, True, 1e6),           # 10^12 FLOP/s; the fastest device in 2024 does ~2e3
-    ("_per_s", 0.0, True, 1e9),            # bandwidths (_gb_per_s) and rates (_gparams_per_s)
+    ("_tflops", 1e-9, False, 1e6),         # 10^12 FLOP/s: from 1 kFLOP/s; the fastest device in 2024 does ~2e3
+    ("_per_s", 1e-6, False, 1e9),          # bandwidths (_gb_per_s: from 1 KB/s) and rates (_gparams_per_s)
     ("_gib", 0.0, True, 1e6),              # memory of one device
     ("_gflop", 0.0, False, 1e12),
     ("_flops", 0, False, _INT64 - 1),

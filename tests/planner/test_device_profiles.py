@@ -36,3 +36,17 @@ def test_gemm_curve_reproduces_its_measured_points(name):
         errors.append(abs(predicted / p.tflops - 1))
     assert max(errors) < 0.08
     assert sorted(errors)[len(errors) // 2] < 0.05
+
+
+@pytest.mark.parametrize("field, value", [("memory_bandwidth_gb_per_s", 1e-300), ("peak_fp32_tflops", 1e-300)])
+def test_a_device_slower_than_any_real_one_is_refused_naming_the_field(field, value):
+    """A profile whose speeds make a step longer than 2^53 ns (a fuzzed 1e-300 GB/s) would make the search's
+    integers and the simulation's floats round apart; it is refused at load, naming the field."""
+    import dataclasses
+
+    from autoplan.errors import SpecError
+    from autoplan.schema._io import validated
+
+    device = load_device("cpu")
+    with pytest.raises(SpecError, match=f"{field}: .* must be at least"):
+        validated(dataclasses.replace(device, **{field: value}))
