@@ -36,6 +36,8 @@ class StepResult:
     step_time_s: float
     peak_bytes: int
     peak_bytes_per_rank: list[int]
+    skipped: bool = False
+    """fp16: the gradients overflowed at the loss scale, so no optimizer step was taken (runtime/train/loss_scale.py)."""
 
 
 class Trainer:
@@ -76,7 +78,8 @@ class Trainer:
             parts.loss_scale.unscale_(parts.parameters())
             norm = clip_grad_norm(parts.parameters(), plan.training.grad_clip, pm.dims.stage_ranks,
                                   parts.clip_excluded)
-        if parts.loss_scale.update(float(norm)):  # fp16: an overflow skips the step on every rank
+        took = parts.loss_scale.update(float(norm))  # fp16: an overflow skips the step on every rank
+        if took:
             parts.optimizer.step()
         with self._phase("loss"):
             loss = self._global_loss(loss)
@@ -87,7 +90,7 @@ class Trainer:
         peaks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(peaks, mine)  # every rank's peak, for metrics per rank
         per_rank = [int(b) for b in torch.cat(peaks).tolist()]  # one device-to-host copy
-        return StepResult(loss, float(norm), elapsed, max(per_rank), per_rank)
+        return StepResult(loss, float(norm), elapsed, max(per_rank), per_rank, skipped=not took)
 
     def _single_stage(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Gradient accumulation over the plan's micro-batches; when grads are reduced over dp is the ZeRO
@@ -187,7 +190,8 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     for step in range(start, opts.steps):
         with tracer.step(step) if tracer else contextlib.nullcontext(), trainer._phase(f"step {step + 1}"):
             r = trainer.step(step)
-        guard.check_step(step + 1, r.loss, r.grad_norm, saved)
+        # a loss-scaled step skipped for overflow has an infinite norm by design; its loss must still be finite
+        guard.check_step(step + 1, r.loss, None if r.skipped else r.grad_norm, saved)
         losses.append(r.loss)
         probe = probe_between_steps(trainer.pm.device)  # the host's speed now, outside the timed step
         row = log.record(step + 1, r.loss, r.step_time_s, tokens, r.peak_bytes / GIB,

@@ -31,6 +31,7 @@ from functools import cached_property
 from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, collective_time_s, group_link, p2p_time_s
 from autoplan.cost.model_states import StateBytes, optimizer_step_bytes, state_bytes_per_param
 from autoplan.cost.workload import LayerCost, Workload
+from autoplan.errors import SpecError
 from autoplan.schema import Cluster, StackProfile, TrainingSetup
 from autoplan.schema.plan import ParallelConfig as Config  # the search's name for it
 from autoplan.schema.schedule import RankOrders, build_schedule, stages_of_rank
@@ -148,7 +149,17 @@ class StageTable:
         return self.orders[rank][-1].stage
 
 
+MAX_TABLE_S = 1e9
+"""No single entry of a table is longer than this (about 30 years): the search's integers stay exact."""
+
+
 def ns(seconds: float) -> int:
+    """Seconds as whole nanoseconds. An entry beyond ``MAX_TABLE_S`` (or not finite) can only come from a
+    device or cluster profile slower than any real machine: refused in one line, not carried into the search."""
+    if not seconds <= MAX_TABLE_S:
+        raise SpecError(f"cluster: one layer's work would take {seconds:.3g} s on this cluster; its device profile's "
+                        "peaks, efficiencies and bandwidths are not those of a real machine (autoplan profile-hardware "
+                        "measures one)")
     return int(round(seconds * 1e9))
 
 

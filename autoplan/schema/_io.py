@@ -219,7 +219,7 @@ def _num(x: float) -> str:
 
 UNIT_RULES: tuple[tuple[str, float, bool, float], ...] = (
     # (name suffix, lowest, lowest excluded?, highest): what a quantity with this unit can physically be
-    ("_efficiency", 0.0, True, 1.0),       # a share of peak
+    ("_efficiency", 1e-3, False, 1.0),     # a share of peak: from 0.1%
     ("_tflops", 1e-9, False, 1e6),         # 10^12 FLOP/s: from 1 kFLOP/s; the fastest device in 2024 does ~2e3
     ("_per_s", 1e-6, False, 1e9),          # bandwidths (_gb_per_s: from 1 KB/s) and rates (_gparams_per_s)
     ("_gib", 0.0, True, 1e6),              # memory of one device

@@ -27,9 +27,10 @@ class NonFiniteStop(Exception):
         self.step = step
 
 
-def check_step(step: int, loss: float, grad_norm: float, last_checkpoint: Path | None) -> None:
-    """``step`` is 1-based, as in the metrics."""
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+def check_step(step: int, loss: float, grad_norm: float | None, last_checkpoint: Path | None) -> None:
+    """``step`` is 1-based, as in the metrics; ``grad_norm`` None: not checked (an fp16 step skipped for
+    overflow, whose norm is infinite by design)."""
+    if not (math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))):
         raise NonFiniteStop(step, f"the loss is {loss} and the gradient norm {grad_norm}", last_checkpoint)
 
 

@@ -38,7 +38,8 @@ def test_gemm_curve_reproduces_its_measured_points(name):
     assert sorted(errors)[len(errors) // 2] < 0.05
 
 
-@pytest.mark.parametrize("field, value", [("memory_bandwidth_gb_per_s", 1e-300), ("peak_fp32_tflops", 1e-300)])
+@pytest.mark.parametrize("field, value", [("memory_bandwidth_gb_per_s", 1e-300), ("peak_fp32_tflops", 1e-300),
+                                          ("matmul_efficiency", 1e-300)])
 def test_a_device_slower_than_any_real_one_is_refused_naming_the_field(field, value):
     """A profile whose speeds make a step longer than 2^53 ns (a fuzzed 1e-300 GB/s) would make the search's
     integers and the simulation's floats round apart; it is refused at load, naming the field."""
@@ -50,3 +51,21 @@ def test_a_device_slower_than_any_real_one_is_refused_naming_the_field(field, va
     device = load_device("cpu")
     with pytest.raises(SpecError, match=f"{field}: .* must be at least"):
         validated(dataclasses.replace(device, **{field: value}))
+
+
+def test_a_step_no_real_machine_would_take_is_one_line(tmp_path, capsys):
+    """Speeds each within its field's range can still make a layer take longer than any table holds
+    (1 kFLOP/s at 0.2% efficiency for a 1.3B model): refused in one line naming the cluster, exit 2."""
+    import dataclasses
+
+    from autoplan.cli.main import main
+    from autoplan.schema import load_cluster
+    from autoplan.schema._io import dump_yaml
+
+    cluster = load_cluster("cpu-local")
+    slow = dataclasses.replace(cluster.device, peak_fp32_tflops=1e-9, matmul_efficiency=0.002)
+    path = tmp_path / "slow.yaml"
+    path.write_text(dump_yaml(dataclasses.replace(cluster, device=slow)))
+    assert main(["plan", "gpt3-1.3b", "--cluster", str(path), "--global-batch-size", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cluster: one layer's work would take" in err[0]

@@ -119,3 +119,7 @@ def test_non_finite_step_names_the_step_and_the_checkpoint(tmp_path):
         check_step(9, float("nan"), 1.0, tmp_path / "step_5")
     with pytest.raises(NonFiniteStop, match="no checkpoint was written"):
         check_step(2, 1.0, float("inf"), None)
+    # an fp16 step skipped for overflow (norm not checked) goes on; its loss must still be finite
+    check_step(4, 2.5, None, None)
+    with pytest.raises(NonFiniteStop):
+        check_step(4, float("inf"), None, None)
