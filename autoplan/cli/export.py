@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.schema._files import write_atomic
 
     plan = load_plan(args.plan)
-    stack = plan.stack.name if plan.stack is not None else "autoplan"
+    stack = plan.stack_name
     if not stack.startswith(args.target):
         print(f"autoplan export: note: this plan was priced for stack {stack!r}; re-plan with --stack "
               f"{args.target} for {args.target}'s predicted step time and memory", file=sys.stderr)

@@ -92,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
     except NeedsMoreNodes as err:
         print("\n".join(err.lines), flush=True)
         raise
-    if plan.stack is not None and plan.stack.name != DEFAULT_STACK:
-        print(f"autoplan run: warning: this plan was made for stack {plan.stack.name!r} and runs on {DEFAULT_STACK!r} "
+    if plan.stack_name != DEFAULT_STACK:
+        print(f"autoplan run: warning: this plan was made for stack {plan.stack_name!r} and runs on {DEFAULT_STACK!r} "
               f"(this runtime), so its predicted step time and memory are not this run's; re-plan with --stack "
               f"{DEFAULT_STACK}, or hand it to its stack (autoplan export)", file=sys.stderr, flush=True)
     if args.slurm:

@@ -182,9 +182,8 @@ def megatron_arguments(plan: Plan) -> list[Argument]:
 
 def render_megatron(plan: Plan, args: list[Argument]) -> str:
     """A shell fragment: the arguments one per line, each with the core config field it sets."""
-    stack = plan.stack.name if plan.stack is not None else "autoplan"
     head = [f"# Megatron-LM arguments for {plan.model.name}, written by autoplan export from a plan priced for "
-            f"stack {stack}"]
+            f"stack {plan.stack_name}"]
     if plan.predicted is not None:
         p = plan.predicted
         head.append(f"# predicted: {p.step_time_s:.3f} s per step, {100 * p.mfu:.1f}% MFU, "

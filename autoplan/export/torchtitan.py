@@ -99,7 +99,10 @@ def torchtitan_toml(plan: Plan) -> str:
     if t.precision == "fp16":
         raise ExportError("training.precision: torchtitan trains in bf16 or fp32 (no fp16 loss scaling); "
                           "nearest: --precision bf16")
-    stack = plan.stack.name if plan.stack is not None else "autoplan"
+    if t.optimizer != "adamw":
+        raise ExportError(f"training.optimizer: torchtitan's default optimizer is AdamW, not {t.optimizer}; "
+                          "nearest: --optimizer adamw")
+    stack = plan.stack_name
     flavor, flavor_notes = _flavor(plan)
     per_replica = t.global_batch_size // plan.dp
     sections: dict[str, dict] = {
@@ -125,9 +128,6 @@ def torchtitan_toml(plan: Plan) -> str:
                       "eps": t.adam_eps, "weight_decay": t.weight_decay},
         "lr_scheduler": {"warmup_steps": t.warmup_steps},
     }
-    if t.optimizer != "adamw":
-        raise ExportError(f"training.optimizer: torchtitan's default optimizer is AdamW, not {t.optimizer}; "
-                          "nearest: --optimizer adamw")
     if plan.pp > 1:
         sections["parallelism"].update({
             "pipeline_parallel_schedule": SCHEDULES[plan.schedule],

@@ -34,7 +34,7 @@ from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_DEVICES_PER_
 from autoplan.schema.model import ModelSpec
 from autoplan.schema.parallel_dims import ParallelDims
 from autoplan.schema.schedule import stage_rank
-from autoplan.schema.stack import StackProfile
+from autoplan.schema.stack import DEFAULT_STACK, StackProfile
 from autoplan.schema.training import TrainingSetup
 
 SCHEMA_VERSION = 1
@@ -358,6 +358,11 @@ class Plan(Layout):
 
     def layout(self) -> Layout:
         return Layout(**{f: getattr(self, f) for f in LAYOUT_FIELDS})
+
+    @property
+    def stack_name(self) -> str:
+        """The name of the stack the plan was priced for (``DEFAULT_STACK`` for plans that record none)."""
+        return self.stack.name if self.stack is not None else DEFAULT_STACK
 
 
 LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(Layout))
