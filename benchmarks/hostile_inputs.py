@@ -10,6 +10,11 @@ and the new code to get the before/after table:
     python benchmarks/hostile_inputs.py > after.md
     python benchmarks/hostile_inputs.py --only files,numbers      # groups: signals launcher args
                                                                    # checkpoints numbers files kill
+                                                                   # hf-config compare run show plan
+
+Issue 33's cases (groups hf-config, compare, run, show, plan) say what is right (refused in one line, or
+accepted) and end with a table per command: tried, refused in one line, right, traceback, hang, accepted
+nonsense.
 
 Cases that start torchrun take 5-60 s each on 2 cores; the whole table takes ~10 minutes.
 """
@@ -57,6 +62,11 @@ class Case:
     custom: Callable[[Ctx], str] | None = None
     """Runs the whole case itself and returns the row's text (signals, kills, concurrent runs)."""
     tags: list[str] = field(default_factory=list)
+    expect: str | None = None
+    """What is right (issue 33's cases): "refuse" (exit 2, one stderr line), "accept" (exit 0), "warn" (exit 0
+    with a warning line on stderr). None: the row is read by eye (issue 11's table)."""
+    command: str | None = None
+    """The subcommand counted in the summary (default: the first argument)."""
 
 
 def _limit_memory() -> None:
@@ -415,6 +425,192 @@ def dev_check(ctx: Ctx, _proc) -> str:
 
 PLAN8 = ["plan", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8"]
 
+# ------------------------------------------------------------------------------------ issue 33's cases
+HF_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu"}
+
+
+def hf_config(ctx: Ctx, name: str, change: dict | None = None, drop: str | None = None, raw: str | None = None) -> Path:
+    """A Llama config.json in its own folder, with one key changed or dropped, or ``raw`` text instead."""
+    folder = _mkdir(ctx.work / f"hf-{name}")
+    data = {**HF_LLAMA, **(change or {})}
+    data.pop(drop, None)
+    (folder / "config.json").write_text(raw if raw is not None else json.dumps(data))
+    return folder / "config.json"
+
+
+def hf_case(name: str, expect: str = "refuse", **how) -> Case:
+    return Case("hf-config", name, lambda c: ["plan", str(hf_config(c, name.split(" ")[0].strip(":"), **how)),
+                                              "--cluster", "cpu-local", "--global-batch-size", "8"], expect=expect)
+
+
+def measured(ctx: Ctx, plan: Path, name: str) -> Path:
+    """The metrics of a 3-step run of ``plan`` (made once per scratch folder)."""
+    path = ctx.work / f"{name}.jsonl"
+    if not path.exists():
+        proc, _, _ = autoplan(ctx, ["run", str(plan), "--steps", "3", "--metrics", str(path), "--data", "synthetic"],
+                              300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"could not run {plan.name}: {proc.stderr[-2000:]}")
+    return path
+
+
+def damaged_metrics(ctx: Ctx, name: str, edit: Callable[[list[dict]], list[dict]] | None = None,
+                    raw: bytes | None = None) -> list[str]:
+    """``compare`` of p4 with its metrics, each row passed through ``edit`` (or the file replaced by ``raw``)."""
+    rows = [json.loads(line) for line in measured(ctx, p4(ctx), "m4").read_text().splitlines()]
+    path = ctx.work / f"bad-{name}.jsonl"
+    path.write_bytes(raw if raw is not None else "".join(json.dumps(r) + "\n" for r in edit(rows)).encode())
+    return ["compare", str(p4(ctx)), str(path)]
+
+
+def each_row(key: str, value) -> Callable[[list[dict]], list[dict]]:
+    return lambda rows: [{**r, key: value} for r in rows]
+
+
+def damaged_trace(ctx: Ctx, name: str, raw: bytes) -> list[str]:
+    folder = _mkdir(ctx.work / f"trace-{name}")
+    (folder / "merged.json").write_bytes(raw)
+    return ["compare", str(p4(ctx)), str(measured(ctx, p4(ctx), "m4")), "--trace", str(folder)]
+
+
+def predicted_edit(ctx: Ctx, name: str, key: str, value: str) -> Path:
+    """p1 (one rank, one stage) with ``predicted.KEY`` replaced by ``value``."""
+    lines = p1(ctx).read_text().splitlines()
+    out = [f"  {key}: {value}" if line.startswith(f"  {key}:") else line for line in lines]
+    path = ctx.work / name
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def model_edit(ctx: Ctx, name: str, key: str, value: str, nth: int = 1) -> Path:
+    """p1 with the ``nth`` line ``  KEY: ...`` (two-space indent: model, cluster or training) set to ``value``."""
+    out, seen = [], 0
+    for line in p1(ctx).read_text().splitlines():
+        if line.startswith(f"  {key}:"):
+            seen += 1
+            if seen == nth:
+                line = f"  {key}: {value}"
+        out.append(line)
+    if seen < nth:
+        raise RuntimeError(f"{key} appears {seen} times in the plan")
+    path = ctx.work / name
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def lost_peer_case(ctx: Ctx) -> str:
+    """A tp2 pp2 run with rank 1 (rank 0's TP peer) killed mid-run, 3 times: the tracebacks the survivors
+    print (torch's pipelining wraps the lost peer of a backward collective in its own error)."""
+    plan = plan_file(ctx, "tp2pp2.yaml", "gpt-tiny", "--cluster", "cpu-local", "--global-batch-size", "8",
+                     "--tp", "2", "--pp", "2", "--dp", "1", "--schedule", "1f1b")
+    tracebacks, lines = 0, []
+    for attempt in range(3):
+        metrics = ctx.work / f"peer{attempt}.jsonl"
+        proc = subprocess.Popen([PY, "-m", "autoplan.cli.main", "run", str(plan), "--steps", "2000", "--metrics",
+                                 str(metrics), "--data", "synthetic"], cwd=ctx.work, env=ctx.env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(metrics_steps(metrics)) < 5 + 5 * attempt:
+            time.sleep(0.05)
+        for pid in [int(e.name) for e in Path("/proc").glob("[0-9]*")
+                    if "runtime.launch" in _cmd(e) and str(plan) in _cmd(e) and "LOCAL_RANK=1\0" in _environ(e)][:1]:
+            os.kill(pid, signal.SIGKILL)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        tracebacks += "Traceback" in err
+        lines.append(len([x for x in err.splitlines() if x.strip() and not x.startswith("step ")]))
+        tally("run", "traceback" if "Traceback" in err else "right")  # right: the survivors said it in one line
+    return f"3 kills: {tracebacks} with a traceback; stderr lines per run {lines}"
+
+
+def bruteforce_case(ctx: Ctx) -> list[str]:
+    return ["plan", "llama3-70b", "--cluster", "dgx-h100-80gb", "--nodes", "64", "--global-batch-size", "512",
+            "--solver", "bruteforce", "--time-limit", "5"]
+
+
+ISSUE_33_CASES = [
+    hf_case("missing: num_hidden_layers", drop="num_hidden_layers"),
+    hf_case("zero-heads: num_attention_heads 0", change={"num_attention_heads": 0}),
+    hf_case("float-layers: num_hidden_layers 4.0", change={"num_hidden_layers": 4.0}),
+    hf_case("string-layers: num_hidden_layers \"8\"", change={"num_hidden_layers": "8"}),
+    hf_case("null-layers: num_hidden_layers null", change={"num_hidden_layers": None}),
+    hf_case("list-layers: num_hidden_layers [1]", change={"num_hidden_layers": [1]}),
+    hf_case("bool-layers: num_hidden_layers true", change={"num_hidden_layers": True}),
+    hf_case("rope: rope_theta \"abc\"", change={"rope_theta": "abc"}),
+    hf_case("string: the file holds a bare JSON string", raw='"llama"'),
+    hf_case("list: the file holds a JSON list", raw="[1, 2]"),
+    hf_case("deep: 100,000 nested [", raw="[" * 100_000),
+    hf_case("nan: rms_norm_eps NaN", raw=json.dumps(HF_LLAMA).replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": NaN')),
+    hf_case("valid: the Llama config as it is", expect="accept"),
+    Case("compare", "a string in peak_memory_gib", lambda c: damaged_metrics(c, "mem", each_row("peak_memory_gib", "x")),
+         expect="refuse"),
+    Case("compare", "a string in tokens_per_s", lambda c: damaged_metrics(c, "tok", each_row("tokens_per_s", "fast")),
+         expect="refuse"),
+    Case("compare", "9 per-rank values for 4 ranks",
+         lambda c: damaged_metrics(c, "nine", each_row("peak_memory_gib_per_rank", [0.01] * 9)), expect="refuse"),
+    Case("compare", "1 per-rank value for 4 ranks",
+         lambda c: damaged_metrics(c, "one", each_row("peak_memory_gib_per_rank", [0.01])), expect="refuse"),
+    Case("compare", "NaN per-rank values",
+         lambda c: damaged_metrics(c, "nanrank", each_row("peak_memory_gib_per_rank", [float("nan")] * 4)),
+         expect="refuse"),
+    Case("compare", "a line of 100,000 nested [", lambda c: damaged_metrics(c, "deep", raw=b"[" * 100_000 + b"\n"),
+         expect="refuse"),
+    Case("compare", "a binary metrics file", lambda c: damaged_metrics(c, "bin", raw=bytes(range(256)) * 4),
+         expect="refuse"),
+    Case("compare", "a Latin-1 metrics file",
+         lambda c: damaged_metrics(c, "latin", raw='{"step": 1, "note": "caf\xe9"}\n'.encode("latin-1")),
+         expect="refuse"),
+    Case("compare", "step_time_s NaN", lambda c: damaged_metrics(c, "nan", each_row("step_time_s", float("nan"))),
+         expect="refuse"),
+    Case("compare", "step_time_s inf", lambda c: damaged_metrics(c, "inf", each_row("step_time_s", float("inf"))),
+         expect="refuse"),
+    Case("compare", "step_time_s -1", lambda c: damaged_metrics(c, "neg", each_row("step_time_s", -1)),
+         expect="refuse"),
+    Case("compare", "step_time_s true", lambda c: damaged_metrics(c, "true", each_row("step_time_s", True)),
+         expect="refuse"),
+    Case("compare", "a dp2 run's metrics against the pp2 dp2 plan",
+         lambda c: ["compare", str(p4(c)), str(measured(c, p2(c), "m2"))], expect="refuse"),
+    Case("compare", "the run's own metrics", lambda c: ["compare", str(p4(c)), str(measured(c, p4(c), "m4"))],
+         expect="accept"),
+    Case("compare", "--trace merged.json binary", lambda c: damaged_trace(c, "bin", bytes(range(256)) * 4),
+         expect="refuse"),
+    Case("compare", "--trace merged.json Latin-1",
+         lambda c: damaged_trace(c, "latin", '{"otherData": "caf\xe9"}'.encode("latin-1")), expect="refuse"),
+    Case("run", "--trace /proc/x", lambda c: run_args(c, p1(c), "--trace", "/proc/x"), expect="refuse", timeout_s=120),
+    Case("run", "--trace naming an existing file",
+         lambda c: run_args(c, p1(c), "--trace", str(model_file(c, "afile", "x"))), expect="refuse", timeout_s=120),
+    Case("run", "hidden_size 2**20 edited into a plan",
+         lambda c: run_args(c, model_edit(c, "hidden.yaml", "hidden_size", str(2**20))), expect="refuse",
+         timeout_s=120),
+    Case("run", "seq_len 2**24 edited into a plan's training",
+         lambda c: run_args(c, model_edit(c, "seq.yaml", "seq_len", str(2**24), nth=2)), expect="refuse",
+         timeout_s=120),
+    Case("run", "local_params_per_rank: [1, 1, 1, 1] for 1 pipeline rank",
+         lambda c: run_args(c, predicted_edit(c, "lp.yaml", "local_params_per_rank", "[1, 1, 1, 1]")),
+         expect="refuse", timeout_s=120),
+    Case("run", "3 memory_gib_per_stage values for 1 stage",
+         lambda c: run_args(c, predicted_edit(c, "mg.yaml", "memory_gib_per_stage", "[0.1, 0.1, 0.1]")),
+         expect="refuse", timeout_s=120),
+    Case("run", "--dry-run of 3 memory_gib_per_stage values for 1 stage",
+         lambda c: ["run", str(predicted_edit(c, "mg.yaml", "memory_gib_per_stage", "[0.1, 0.1, 0.1]")), "--dry-run"],
+         expect="refuse", timeout_s=120),
+    Case("run", "a surviving TP peer of a killed rank", lambda c: [], custom=lost_peer_case),
+    Case("show", "hidden_size 2**20 edited into a plan",
+         lambda c: ["show", str(model_edit(c, "hidden.yaml", "hidden_size", str(2**20)))], expect="warn"),
+    Case("show", "3 memory_gib_per_stage values for 1 stage",
+         lambda c: ["show", str(predicted_edit(c, "mg.yaml", "memory_gib_per_stage", "[0.1, 0.1, 0.1]"))],
+         expect="refuse"),
+    Case("show", "backend: nccl on a CPU device", lambda c: ["show", str(model_edit(c, "nccl.yaml", "backend", "nccl"))],
+         expect="refuse"),
+    Case("plan", "--solver bruteforce --time-limit 5, llama3-70b on 512 GPUs", bruteforce_case, expect="accept",
+         timeout_s=60),
+]
+
 CASES = [
     Case("signals", "SIGTERM to `autoplan run` mid-run (4 ranks)", lambda c: [], custom=sigterm_case),
     Case("launcher", "`autoplan run` of a plan for 128 nodes x 8 GPUs", lambda c: [], custom=many_nodes_case),
@@ -487,12 +683,40 @@ CASES = [
     Case("files", "`plan --json | true` (reader gone before the write)",
          lambda c: f"{PY} -m autoplan.cli.main {' '.join(PLAN8)} --json | (exec 0<&-; true)"),
     Case("kill", "kill -9 of rank 1 mid-run (4 ranks; new code: --max-restarts 1)", lambda c: [], custom=kill_case),
+    *ISSUE_33_CASES,
 ]
 
 
 def _mkdir(path: Path) -> Path:
     path.mkdir(exist_ok=True)
     return path
+
+
+OUTCOMES = ("refused in one line", "right", "traceback", "hang", "accepted nonsense", "other")
+
+
+def outcome(case: Case, proc: subprocess.CompletedProcess, timed_out: bool) -> str:
+    """One of OUTCOMES for a case with an expectation."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    if timed_out:
+        return "hang"
+    if "Traceback" in proc.stderr:
+        return "traceback"
+    if proc.returncode == 2 and len(lines) == 1:
+        return "refused in one line" if case.expect == "refuse" else "other"
+    if proc.returncode == 0:
+        if case.expect == "accept" or (case.expect == "warn" and any("warning" in line for line in lines)):
+            return "right"
+        return "accepted nonsense"
+    return "other"
+
+
+TALLY: dict[str, dict[str, int]] = {}
+
+
+def tally(command: str, result: str) -> None:
+    row = TALLY.setdefault(command, dict.fromkeys(OUTCOMES, 0))
+    row[result] += 1
 
 
 def run_case(ctx: Ctx, case: Case) -> str:
@@ -511,7 +735,21 @@ def run_case(ctx: Ctx, case: Case) -> str:
     text = summary(proc, elapsed, timed_out)
     if case.check is not None:
         text += "; " + case.check(ctx, proc)
+    if case.expect is not None:
+        result = outcome(case, proc, timed_out)
+        tally(case.command or argv[0], result)
+        text += f" -> {result}"
+        if result in ("right",) and proc.stderr.strip():
+            text += f' ("{proc.stderr.strip().splitlines()[-1][:150]}")'
     return text
+
+
+def tally_table() -> str:
+    head = "| command | tried | " + " | ".join(OUTCOMES) + " |"
+    rows = [head, "| --- " * (len(OUTCOMES) + 2) + "|"]
+    for command, counts in TALLY.items():
+        rows.append(f"| {command} | {sum(counts.values())} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -535,6 +773,9 @@ def main() -> None:
             except Exception as err:  # noqa: BLE001 - a broken case must not stop the table
                 text = f"CASE FAILED TO RUN: {type(err).__name__}: {str(err)[:200]}"
             print(f"| {case.group} | {case.name} | {text.replace('|', '/')} |", flush=True)
+        if TALLY:
+            print("\nissue 33's cases by command (right: accepted where acceptance is right, or warned):\n")
+            print(tally_table(), flush=True)
     finally:
         _kill_tree_by_marker(str(work))
         if not args.keep:

@@ -85,11 +85,30 @@ def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool
                         autocast_dtype(pm.device, plan.training.precision))
     if materialize:
         # with offload FSDP2 keeps the sharded parameters on the host (torchtitan's init_device)
-        model.to_empty(device=torch.device("cpu") if plan.offload_optimizer else pm.device)
+        to_empty_keeping_ties(model, torch.device("cpu") if plan.offload_optimizer else pm.device)
         move_buffers(model, pm.device)
         init_buffers(model)
         init_parameters(model, plan.model, plan.training.seed)
     return model
+
+
+def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
+    """``model.to_empty(device)`` with shared parameters still shared. ``to_empty`` makes a new Parameter
+    for every module slot, so a tied head (``head.weight is embed.tok.weight``) comes out as two tensors:
+    the one-rank plan then trained an untied model and its checkpoints lacked the head's optimizer state
+    (issue 30). Under a data-parallel wrapper FSDP2 already keeps one parameter per tensor; re-tying is
+    then a no-op. Our own code because torch's ``to_empty`` has no option to keep ties."""
+    slots: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                slots.setdefault(id(param), []).append((module, name))
+    model.to_empty(device=device)
+    for shared in slots.values():
+        owner, name = shared[0]
+        for module, other in shared[1:]:
+            if module._parameters[other] is not owner._parameters[name]:
+                module._parameters[other] = owner._parameters[name]
 
 
 def move_buffers(model: nn.Module, device: torch.device) -> None:

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autoplan.schema import Plan
+from autoplan.schema.fingerprint import plan_fingerprint
 from runtime.build import Parts, build_parts, cross_entropy
 from runtime.device import GIB, MemoryMeter, autocast_dtype
 from runtime.mesh import ParallelMesh
@@ -178,7 +179,8 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     pred = plan.predicted
     log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
                      pred.peak_memory_gib if pred else None, append=start > 0,
-                     calibrated_probes_us=(plan.cluster.device.probe_gemm_us, plan.cluster.device.probe_op_us))
+                     calibrated_probes_us=(plan.cluster.device.probe_gemm_us, plan.cluster.device.probe_op_us),
+                     plan_fingerprint=plan_fingerprint(plan))
     tokens = plan.training.global_batch_size * plan.training.seq_len
     tracer = StepTracer(opts.trace, start, opts.steps, trainer.pm.device, plan.zero_stage) if opts.trace else None
     if tracer:

@@ -30,7 +30,10 @@ ALLOWED: dict[str, set[str]] = {
     "autoplan.export": {"autoplan.errors", "autoplan.schema"},
     # the launcher checks a checkpoint folder before any process starts with the runtime's torch-free
     # lock and manifest readers (runtime/train/lock.py, manifest.py)
-    "autoplan.launcher": {"autoplan.errors", "autoplan.schema", "runtime.train.lock", "runtime.train.manifest"},
+    # and re-evaluates the plan's memory with the cost model (autoplan/report/recheck.py) rather than trust
+    # its predicted block
+    "autoplan.launcher": {"autoplan.errors", "autoplan.schema", "autoplan.report.recheck", "runtime.train.lock",
+                          "runtime.train.manifest"},
     "autoplan.profiler": {"autoplan.errors", "autoplan.schema", "autoplan.cost", "runtime"},
     "autoplan.cli": {"autoplan", "runtime"},
     "runtime": {"autoplan.errors", "autoplan.schema"},

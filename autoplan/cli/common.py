@@ -123,10 +123,10 @@ def load_stack_arg(args: argparse.Namespace) -> StackProfile:
 
 def load_any_model(arg: str) -> ModelSpec | ModelProfile:
     """A profile file, a Hugging Face config.json (mapped onto a ModelSpec), or a spec / shipped name."""
+    if is_hf_config(arg):  # first: JSON is not always YAML (escapes beyond the BMP, tabs, duplicate keys)
+        return spec_from_hf_config(arg)
     if Path(arg).is_file() and is_profile_file(arg):
         return load_profile(arg)
-    if is_hf_config(arg):
-        return spec_from_hf_config(arg)
     return load_model(arg)
 
 

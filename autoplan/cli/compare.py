@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
-    measured = measured_run(read_metrics(args.metrics), args.warmup_steps)
+    measured = measured_run(read_metrics(args.metrics), args.warmup_steps, source=args.metrics)
     trace = read_measured_trace(args.trace) if args.trace else None
     sim = simulate_plan(plan)
     data = comparison(sim, measured, trace)

@@ -3,7 +3,8 @@
 Each rank asked for (default: rank 0 and the last rank) is built by ``python -m runtime.dry_run`` in
 its own process, on the meta device over a fake process group of the plan's world size: any plan size
 runs on a laptop. Prints, per rank, the parameters it holds after TP / PP / ZeRO sharding beside what
-the plan's cost model assumed (``predicted.local_params_per_rank``), and the layers of the stages it
+the cost model counts for the plan's model and layout (autoplan/cost/local_params.py, re-derived rather
+than read from the file's ``predicted.local_params_per_rank``), and the layers of the stages it
 built. Exit status 1 when a rank's count differs from the plan's. Like the rest of the CLI, this module
 imports neither torch nor the runtime.
 """
@@ -73,14 +74,22 @@ def table(rows: list[dict]) -> str:
 
 
 def dry_run(plan_path: str, plan: Plan, asked: list[int] | None, as_json: bool) -> int:
+    from autoplan.cost.local_params import local_params_per_rank
+
+    # expected from the plan's model and layout, not its predicted block (a file a user may have edited)
+    expected = local_params_per_rank(plan.model, plan.layout(), plan.training)
     rows = [build_rank(plan_path, r) for r in ranks_of(plan, asked)]
+    for row in rows:
+        row["expected_local_params"] = expected[row["pp_rank"]]
     if as_json:
         print(json.dumps(rows))
     else:
         print(f"dry run of {plan_path}: {plan.model.name}, {layout_label(plan)} "
               f"on {plan.world_size} ranks (meta device, fake process group)\n")
         print(table(rows))
-        if not plan.predicted or not plan.predicted.local_params_per_rank:
-            print("\nthe plan carries no predicted.local_params_per_rank (written by an older autoplan); re-plan to compare")
+        recorded = plan.predicted.local_params_per_rank if plan.predicted else ()
+        if recorded and tuple(recorded) != expected:
+            print(f"\nthe plan's predicted.local_params_per_rank {list(recorded)} differs from its model and layout's "
+                  f"{list(expected)} (compared above): edited by hand or written by another autoplan; re-plan")
     mismatch = any(r["expected_local_params"] not in (None, r["local_params"]) for r in rows)
     return 1 if mismatch else 0

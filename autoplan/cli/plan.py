@@ -95,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)
     if result.status == "UNKNOWN":
-        raise SpecError(f"--time-limit: no plan found in {args.time_limit:g} s (lower bound "
-                        f"{result.bound_ns * 1e-9:.3f} s per step so far); allow more time")
+        bound = (f" (lower bound {result.bound_ns * 1e-9:.3f} s per step so far)" if args.solver == "bnb" else
+                 f" ({result.simulated:,} layouts simulated)")
+        raise SpecError(f"--time-limit: no plan found in {args.time_limit:g} s{bound}; allow more time"
+                        + ("" if args.solver == "bnb" else ", or use --solver bnb"))
     require_plan(result, lambda: explain_infeasible(model, make, cluster, training, pins))
     info = solver_info(result, args.solver)
     ranked = [predicted_of(c, cluster, training) for c in result.ranked]
@@ -116,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
           f"global batch {training.global_batch_size} x {training.seq_len} tokens, {training.precision}, "
           f"stack {stack.name}")
     proof = ""
-    if result.status == "FEASIBLE":
+    if result.status == "FEASIBLE" and args.solver == "bruteforce":
+        proof = ", the best of the layouts it reached (brute force proves no bound)"
+    elif result.status == "FEASIBLE":
         gap = result.best.step_ns / max(1, result.bound_ns) - 1
         proof = f", within {100 * gap:.1f}% of optimal (bound {result.bound_ns * 1e-9:.3f} s)"
     rest = "stopped by --time-limit" if result.status == "FEASIBLE" else "the rest pruned by bounds"

@@ -135,7 +135,10 @@ def _print_at_host_speed(plan: Plan, metrics: str) -> None:
     from autoplan.report.compare import at_speed_line, comparison, measured_run, read_metrics
     from autoplan.report.simulated import simulate_plan
 
-    run = measured_run(read_metrics(metrics))
+    try:
+        run = measured_run(read_metrics(metrics))
+    except SpecError:  # e.g. a file continued by a resume under another layout: compare says why, if asked
+        return
     # what ran is this runtime: compare with the autoplan stack's prediction, whatever the plan was made for
     data = comparison(simulate_plan(plan, workload_fn(plan.model, plan.cluster, plan.training)), run, None)
     if data["host_speed"] is not None:

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from autoplan.report.recheck import recheck
 from autoplan.report.tables import breakdown_table, layout_label, recompute_label, render
 from autoplan.schema import load_plan
+from autoplan.schema._files import check_writable
 
 
 def register(subparsers) -> None:
@@ -24,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     if args.png:
         from autoplan.report.figures import require_matplotlib
         require_matplotlib()
+    if args.trace is not None:  # written at the end: refused now, before anything is drawn
+        check_writable(args.trace, "--trace")
     plan = load_plan(args.plan)
     c = plan.cluster
     print(f"plan for {plan.model.name} on {c.name} ({c.num_nodes} x {c.devices_per_node} {c.device.name}); "
@@ -37,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + render(rows, ["stage", "pp rank", "layers", "count", "full recompute", "selective"]))
     if plan.predicted:
         print("\n" + breakdown_table(plan.predicted))
+    # the file's figures are text a user may have edited: say so when the model and layout disagree with them
+    again = recheck(plan)
+    problem = again.too_big or again.stale
+    if problem:
+        print(f"autoplan show: warning: {problem}", file=sys.stderr, flush=True)
     if not (args.timeline or args.trace or args.png):
         return 0
     # the cost model is imported only to draw: printing a plan stays fast

@@ -5,7 +5,9 @@ mistake, after up to a minute), and a plan for 128 nodes started 1,024 processes
 Checked here: the plan; the numbers (steps, checkpoint interval, timeout, restarts); the data file (a
 regular file of uint16 tokens, long enough, every id below the vocabulary); the metrics file (writable);
 the checkpoint folder (a writable folder, not locked by another run, holding a checkpoint of this
-model when resuming and none when not); and the devices: the plan's processes per node against the
+model when resuming and none when not); the trace folder; the plan's memory per pipeline rank,
+re-derived from its model and layout by the cost model rather than read from its ``predicted`` block
+(autoplan/report/recheck.py); and the devices: the plan's processes per node against the
 GPUs this machine shows (or, for gloo plans, what its cores can run), with the torchrun line for every
 node when the plan needs more than one.
 """
@@ -17,13 +19,15 @@ import math
 import os
 import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 
 from autoplan.errors import SpecError
 from autoplan.launcher.commands import Launch, node_lines
+from autoplan.report.recheck import recheck
 from autoplan.schema import Plan
-from autoplan.schema._files import check_writable
+from autoplan.schema._files import check_folder, check_writable
 from autoplan.schema._io import to_dict
 from autoplan.schema.limits import MAX_NODES, MAX_STEPS
 
@@ -237,6 +241,12 @@ def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
         check_writable(args.metrics, "--metrics")
     if getattr(args, "timeline", None) is not None:
         check_writable(args.timeline, "--timeline")
+    if getattr(args, "trace", None) is not None:
+        check_folder(args.trace, "--trace")
     check_checkpoint_dir(args, plan)
     launch = shape(args, plan, str(args.plan), runtime_args(args, data))
+    again = recheck(plan)  # after the cheap checks: it runs the cost model (~0.1 s)
+    again.require_fits()
+    if again.stale:
+        print(f"autoplan run: warning: {again.stale}", file=sys.stderr, flush=True)
     return plan, launch

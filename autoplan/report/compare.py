@@ -14,15 +14,16 @@ host drifts by tens of percent within minutes.
 The time split sets the cost model's ``TimeBreakdown`` of its critical pipeline rank against the mean of
 the traced steps of that rank's first replica (dp 0, tp 0); terms as in autoplan/schema/trace.py. The
 verdict names the term whose predicted and measured seconds differ most.
+
+The files are read and checked by autoplan/report/measured_files.py. Rows written with the plan's
+fingerprint (autoplan/schema/fingerprint.py) are compared only with that plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from autoplan.cost.cpu_host.host_speed import at_host_speed
@@ -30,9 +31,9 @@ from autoplan.errors import SpecError
 from autoplan.report.simulated import SimulatedStep, simulate_plan, terms_of
 from autoplan.report.tables import layout_label, render
 from autoplan.schema import Plan
-from autoplan.schema.trace import MEASURED_TERMS, SLICE_NAMES, TRACE_FORMAT, host_speed, relative_error
-
-MERGED_TRACE = "merged.json"
+from autoplan.report.measured_files import MERGED_TRACE, read_measured_trace, read_metrics  # noqa: F401 (re-exported)
+from autoplan.schema.fingerprint import FINGERPRINT_KEY, plan_fingerprint
+from autoplan.schema.trace import MEASURED_TERMS, SLICE_NAMES, host_speed, relative_error
 
 
 @dataclass(frozen=True)
@@ -47,29 +48,14 @@ class MeasuredRun:
     peak_gib_per_rank: list[float]
     """Empty when the metrics predate per-rank peaks (then only ``peak_gib`` is known)."""
     peak_gib: float
+    source: str = "the metrics"
+    """The metrics file, for messages."""
+    plan_fingerprint: str | None = None
+    """autoplan.schema.fingerprint of the plan the run trained; None in files written before it was recorded."""
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{path}: no such metrics file (autoplan run --metrics writes one)")
-    rows = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            raise SpecError(f"{path}:{n}: not a JSON line") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step_time_s"), (int, float)):
-            raise SpecError(f"{path}:{n}: step_time_s: missing; is this a metrics file of autoplan run?")
-        rows.append(row)
-    if not rows:
-        raise SpecError(f"{path}: no steps recorded")
-    return rows
-
-
-def measured_run(rows: list[dict], warmup_steps: int = 1) -> MeasuredRun:
+def measured_run(rows: list[dict], warmup_steps: int = 1, source: str = "the metrics") -> MeasuredRun:
+    """Medians and peaks of rows that ``read_metrics`` checked; ``source`` names them in messages."""
     if warmup_steps < 0:
         raise SpecError(f"--warmup-steps: must be >= 0, got {warmup_steps}")
     if warmup_steps >= len(rows):
@@ -85,30 +71,21 @@ def measured_run(rows: list[dict], warmup_steps: int = 1) -> MeasuredRun:
         step_time_s=statistics.median(r["step_time_s"] for r in used),
         tokens_per_s=statistics.median(r.get("tokens_per_s") or 0.0 for r in used),
         peak_gib_per_rank=peaks, peak_gib=max(r.get("peak_memory_gib", 0.0) for r in unprofiled),
+        source=str(source), plan_fingerprint=rows[0].get(FINGERPRINT_KEY),
     )
-
-
-def read_measured_trace(path: str | Path) -> dict[str, Any]:
-    """otherData.autoplan of a measured step trace: ``path`` is the trace folder or the merged file."""
-    p = Path(path)
-    p = p / MERGED_TRACE if p.is_dir() else p
-    if not p.is_file():
-        raise SpecError(f"--trace: {p}: no such file (autoplan run --trace DIR writes DIR/{MERGED_TRACE})")
-    try:
-        info = json.loads(p.read_text())["otherData"]["autoplan"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise SpecError(f"--trace: {p}: not a step trace written by autoplan run --trace") from None
-    if info.get("format") != TRACE_FORMAT or info.get("source") != "measured":
-        raise SpecError(f"--trace: {p}: expected a measured step trace of format {TRACE_FORMAT}")
-    return info
 
 
 def comparison(sim: SimulatedStep, run: MeasuredRun, trace: dict[str, Any] | None) -> dict[str, Any]:
     """Everything ``compare --json`` prints."""
     plan, predicted = sim.plan, sim.predicted
     dims = plan.dims
+    if run.plan_fingerprint is not None and run.plan_fingerprint != plan_fingerprint(plan):
+        raise SpecError(f"{run.source}: written by a run of another plan (fingerprint {run.plan_fingerprint}, this "
+                        f"plan's is {plan_fingerprint(plan)}: model, layout or training differ); compare the metrics "
+                        "with the plan they were run with")
     if run.peak_gib_per_rank and len(run.peak_gib_per_rank) != dims.world_size:
-        raise SpecError(f"peak_memory_gib_per_rank: {len(run.peak_gib_per_rank)} values in the metrics, the plan has "
+        n = len(run.peak_gib_per_rank)
+        raise SpecError(f"{run.source}: peak_memory_gib_per_rank: {n} value{'s' * (n != 1)} per row, the plan has "
                         f"{dims.world_size} ranks; compare the metrics with the plan they were run with")
     memory = [{"rank": r, "pp_rank": dims.coords(r).pp, "predicted_gib": sim.memory_per_rank[dims.coords(r).pp].total_gib,
                "measured_gib": g} for r, g in enumerate(run.peak_gib_per_rank)]

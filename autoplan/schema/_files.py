@@ -99,6 +99,32 @@ def check_writable(path: str | os.PathLike, what: str = "output") -> None:
     os.unlink(tmp)
 
 
+def check_folder(path: str | os.PathLike, what: str) -> None:
+    """Fail now, with one line, unless ``path`` is a folder autoplan may write in, or a new folder it may
+    create (its parent exists and is writable): for outputs that are folders (``run --trace``, checkpoints)."""
+    p = Path(path)
+    if str(path) == "":
+        raise SpecError(f"{what}: empty path; give a folder")
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise SpecError(f"{what} {p}: cannot use it ({_reason(err)})") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        kind = "a file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+        raise SpecError(f"{what} {p}: is {kind}, not a folder; give a folder (it is created if missing)")
+    folder = p if st is not None else p.parent
+    if not folder.is_dir():
+        raise SpecError(f"{what} {p}: its parent {folder} does not exist; create it first or choose another folder")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".autoplan-probe-")
+    except OSError as err:
+        raise SpecError(f"{what} {p}: cannot write in {folder} ({_reason(err)})") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def _new_file_mode(target: Path) -> int:
     try:
         return stat.S_IMODE(target.stat().st_mode)  # keep the mode of the file we replace

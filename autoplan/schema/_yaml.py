@@ -60,6 +60,9 @@ class _StrictConstructor(SafeConstructor):
     def construct_yaml_int(self, node) -> int:
         text = self.construct_scalar(node)
         sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+        if len(digits) > 400:  # Python refuses to convert more than 4,300 digits; no real value has 400
+            raise YamlProblem(f"a number of {len(digits):,} digits; no real value has so many",
+                              node.start_mark.line + 1)
         if digits[:2] in ("0o", "0x"):
             return sign * int(digits[2:], 8 if digits[1] == "o" else 16)
         return sign * int(digits, 10)

@@ -108,6 +108,8 @@ class Cluster:
                 f"{self.num_nodes} x {self.devices_per_node} = {self.num_devices:,} devices; no cluster has more "
                 f"than {MAX_DEVICES:,}")
         require_physical(self)  # collective_latency_us in [0, 1e8]
+        require(self.backend == "gloo" or self.device.kind == "gpu", "backend",
+                f"nccl runs on GPUs and device {self.device.name!r} is a CPU; write backend: gloo")
         require(self.cores_per_node >= 0, "cores_per_node", "must be >= 0 (0: devices do not share cores)")
         require(0.1 <= self.collective_wait_factor <= 100, "collective_wait_factor", "must be in [0.1, 100]")
         for field in ("corun_kernel_slowdown", "corun_host_slowdown"):

@@ -355,6 +355,14 @@ class Plan(Layout):
         require(self.padded_vocab_size == expected, "padded_vocab_size",
                 f"{self.padded_vocab_size} differs from {expected}, vocab_size={self.model.vocab_size} rounded up "
                 f"to a multiple of make_vocab_size_divisible_by x tp; remove the key to recompute it")
+        if self.predicted is not None:  # one value per pipeline rank: what show, run and dry-run index by rank
+            p = self.predicted
+            require(len(p.memory_gib_per_stage) == self.pp, "predicted.memory_gib_per_stage",
+                    f"{len(p.memory_gib_per_stage)} values for pp={self.pp} pipeline ranks; re-plan (or delete "
+                    "the predicted block)")
+            require(len(p.local_params_per_rank) in (0, self.pp), "predicted.local_params_per_rank",
+                    f"{len(p.local_params_per_rank)} values for pp={self.pp} pipeline ranks; re-plan (or delete "
+                    "the predicted block)")
 
     def layout(self) -> Layout:
         return Layout(**{f: getattr(self, f) for f in LAYOUT_FIELDS})

@@ -299,6 +299,17 @@ class _Run:
     # ---------------------------------------------------------------------------------------------------
 
     def bruteforce(self) -> SearchResult:
+        """Every layout of every configuration. Progress and the time limit are checked after each layout
+        (one configuration of a large model has more layouts than any time limit allows); stopped early it
+        says FEASIBLE (UNKNOWN with nothing found) and, having no bound, reports 0 as its bound."""
+        stopped = False
+
+        def line() -> str:
+            found = [s.best[0] for s in self.states if s.best]
+            best = f"best {min(found) * 1e-9:.3f} s" if found else "nothing fits yet"
+            return (f"brute force: {self.considered} configurations, {self.simulated} layouts simulated, {best}, "
+                    f"{self.elapsed():.1f} s")
+
         for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
             workload = self.workload(group)
             for config in group_configs(group, self.cluster, self.pins, self.num_layers, self.limits):
@@ -306,6 +317,7 @@ class _Run:
                 self.bounded += 1
                 table = build_table(workload, self.cluster, self.training, config)
                 state = _ConfigState(table, workload, self.splits(config))
+                self.states.append(state)
                 for index, split in enumerate(state.splits):
                     per_stage = [[StageShape(n, sel, full) for sel, full in stage_choices(n, self.pins.recompute)]
                                  for n in split]
@@ -314,15 +326,22 @@ class _Run:
                         self.simulated += 1
                         if evaluation.fits and (state.best is None or evaluation.step_ns < state.best[0]):
                             state.best = (evaluation.step_ns, index, shapes)
-                if state.best is not None:
-                    self.states.append(state)
-                self.report(lambda: f"brute force: {self.considered} configurations, {self.simulated} layouts, "
-                                    f"{self.elapsed():.1f} s")
+                        self.report(line)
+                        if self.time_limit_s is not None and self.elapsed() > self.time_limit_s:
+                            stopped = True
+                            break
+                    if stopped:
+                        break
+                if stopped:
+                    break
+            if stopped:
+                break
+        self.states = [s for s in self.states if s.best is not None]
         ranked = self.rank()
-        status = "OPTIMAL" if ranked else "INFEASIBLE"
+        status = ("FEASIBLE" if ranked else "UNKNOWN") if stopped else ("OPTIMAL" if ranked else "INFEASIBLE")
         self.report(lambda: self.summary(status), final=True)
         return SearchResult(tuple(ranked), status, self.elapsed(), self.considered, len(self.states),
-                            self.bounded, self.simulated, ranked[0].step_ns if ranked else 0)
+                            self.bounded, self.simulated, 0 if stopped or not ranked else ranked[0].step_ns)
 
     def rank(self) -> list[Candidate]:
         """The K best configurations (all those tied with the K-th), each evaluated in full by evaluate.py,

@@ -9,13 +9,18 @@ import json
 import statistics
 from pathlib import Path
 
+from autoplan.schema.fingerprint import FINGERPRINT_KEY
 from autoplan.schema.trace import SPEED_PROBE_KEY, host_speed, relative_error
 
 
 class MetricsLog:
     def __init__(self, path: str | None, predicted_step_s: float | None, predicted_peak_gib: float | None,
-                 append: bool = False, calibrated_probes_us: tuple[float, float] = (0.0, 0.0)) -> None:
+                 append: bool = False, calibrated_probes_us: tuple[float, float] = (0.0, 0.0),
+                 plan_fingerprint: str | None = None) -> None:
         self.path = Path(path) if path else None
+        self.plan_fingerprint = plan_fingerprint
+        """autoplan.schema.fingerprint of the plan run, written into every row: ``autoplan compare`` refuses
+        to set these metrics against another plan."""
         self.calibrated_probes_us = calibrated_probes_us
         """The calibration's (GEMM, eager op) probe times (runtime/train/speed_probe.py)."""
         self.predicted_step_s = predicted_step_s
@@ -39,6 +44,8 @@ class MetricsLog:
             row["peak_reserved_gib"] = round(reserved_gib, 6)
         if profiled:
             row["profiled"] = True  # under the profiler: slower than the other steps
+        if self.plan_fingerprint is not None:
+            row[FINGERPRINT_KEY] = self.plan_fingerprint
         if speed_probe is not None:
             row[SPEED_PROBE_KEY] = {k: round(v, 3) for k, v in speed_probe.items()}
         self.rows.append(row)

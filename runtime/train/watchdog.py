@@ -77,20 +77,34 @@ def _action(tb: TracebackType | None) -> str:
     return f"step {step}: {what}" if step is not None else what
 
 
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and the errors it was raised from: torch's pipelining wraps a failed collective of a stage's
+    backward (a DTensor all-reduce run by the autograd engine) in its own RuntimeError("Failed to run stage
+    backward ...") ``from`` the gloo error, so the words that say "lost a peer" are only in the cause."""
+    seen: list[BaseException] = []
+    while err is not None and err not in seen and len(seen) < 16:
+        seen.append(err)
+        err = err.__cause__ or err.__context__
+    return seen
+
+
 def describe(err: BaseException, timeout_s: float) -> tuple[str, int] | None:
     """(one line, exit status) for a failure of a collective or pipeline action; None for anything else
     (a bug, which keeps its traceback)."""
-    text = str(err).lower()
-    in_dist = any("torch/distributed" in f.f_code.co_filename for f, _ in _frames(err.__traceback__))
-    if not in_dist or not isinstance(err, RuntimeError):  # DistError subclasses RuntimeError
+    chain = [e for e in _chain(err) if isinstance(e, RuntimeError)]  # DistError subclasses RuntimeError
+    in_dist = any("torch/distributed" in f.f_code.co_filename for e in chain for f, _ in _frames(e.__traceback__))
+    if not in_dist or not isinstance(err, RuntimeError):
         return None
     where = _action(err.__traceback__)
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    detail = first.split("] ", 1)[-1][:160]  # drop gloo's source-file prefix
-    if any(w in text for w in _TIMEOUT_WORDS):
-        return (f"{where} waited longer than --timeout {timeout_s:g} s ({detail}); a peer rank stopped or "
-                "hangs", TIMEOUT_EXIT)
-    if any(w in text for w in _PEER_WORDS):
+    for kind, words in ((TIMEOUT_EXIT, _TIMEOUT_WORDS), (PEER_LOST_EXIT, _PEER_WORDS)):
+        cause = next((e for e in chain if any(w in str(e).lower() for w in words)), None)
+        if cause is None:
+            continue
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        detail = first.split("] ", 1)[-1][:160]  # drop gloo's source-file prefix
+        if kind == TIMEOUT_EXIT:
+            return (f"{where} waited longer than --timeout {timeout_s:g} s ({detail}); a peer rank stopped or "
+                    "hangs", TIMEOUT_EXIT)
         return f"{where} lost a peer rank ({detail}); another rank died first", PEER_LOST_EXIT
     return None
 

@@ -2,6 +2,7 @@
 rank and the verdict come out exactly, and comparing needs neither torch nor the runtime."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -164,3 +165,185 @@ def test_compare_re_evaluates_the_plan_at_the_host_speed_the_run_probed(plan_pat
     assert json.loads(capsys.readouterr().out)["host_speed"] is None
     assert main(["compare", str(probed), str(metrics)]) == 0
     assert "kernels 0.80x, host work 0.50x" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------- hostile metrics and trace files
+def _rows_with(**fields):
+    """The synthetic rows with ``fields`` set on step 3 (a measured step): the metrics file's bytes."""
+    rows = synthetic_rows()
+    rows[2].update(fields)
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def _all_rows_with(**fields):
+    rows = synthetic_rows()
+    for r in rows:
+        r.update(fields)
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+VALID = _rows_with()
+HOSTILE_METRICS = [
+    ("text peak memory", _rows_with(peak_memory_gib="x"), ':3: peak_memory_gib: got "x"'),
+    ("text in per-rank peaks", _rows_with(peak_memory_gib_per_rank=[0.1, "x"]), ":3: peak_memory_gib_per_rank[1]: got"),
+    ("text tokens/s", _rows_with(tokens_per_s="fast"), ':3: tokens_per_s: got "fast"'),
+    ("9 per-rank values", _all_rows_with(peak_memory_gib_per_rank=[0.1] * 9),
+     "peak_memory_gib_per_rank: 9 values per row, the plan has 2 ranks"),
+    ("1 per-rank value", _all_rows_with(peak_memory_gib_per_rank=[0.1]),
+     "peak_memory_gib_per_rank: 1 value per row, the plan has 2 ranks"),
+    ("1 per-rank value on one row", _rows_with(peak_memory_gib_per_rank=[0.1]),
+     ":3: peak_memory_gib_per_rank: 1 value, line 1 has 2"),
+    ("empty per-rank list", _rows_with(peak_memory_gib_per_rank=[]), ":3: peak_memory_gib_per_rank: got []"),
+    ("NaN per-rank peak", _rows_with(peak_memory_gib_per_rank=[math.nan, 0.1]),
+     ":3: peak_memory_gib_per_rank[0]: got NaN"),
+    ("100,000 nested [", VALID + b"[" * 100_000 + b"\n", ":6: not a JSON line (nested too deeply)"),
+    ("binary", bytes(range(256)) * 8, "not UTF-8 text (byte 0x80 at offset 128)"),
+    ("Latin-1", VALID + '{"note": "café"}\n'.encode("latin-1"),
+     f"not UTF-8 text (byte 0xe9 at offset {len(VALID) + 13})"),
+    ("NaN step time", _rows_with(step_time_s=math.nan), ":3: step_time_s: got NaN"),
+    ("inf step time", _rows_with(step_time_s=math.inf), ":3: step_time_s: got Infinity"),
+    ("negative step time", _rows_with(step_time_s=-1), ":3: step_time_s: got -1"),
+    ("zero step time", _rows_with(step_time_s=0), ":3: step_time_s: got 0"),
+    ("boolean step time", _rows_with(step_time_s=True), ":3: step_time_s: got true"),
+    ("denormal step time", _rows_with(step_time_s=5e-324), ":3: step_time_s: got 5e-324"),
+    ("huge int step time", VALID.replace(b'"step_time_s": 4.0', b'"step_time_s": 1' + b"0" * 400),
+     ":3: step_time_s: got 1000"),
+    ("no step time", VALID.replace(b'"step_time_s": 4.0, ', b""), ":3: step_time_s: missing"),
+    ("boolean step", _rows_with(step=True), ":3: step: got true"),
+    ("step 0", VALID.replace(b'"step": 1,', b'"step": 0,'), ":1: step: got 0"),
+    ("steps out of order", _rows_with(step=2), ":3: step: 2 after step 2"),
+    ("NaN loss", _rows_with(loss=math.nan), ":3: loss: got NaN"),
+    ("negative peak", _rows_with(peak_memory_gib=-1.0), ":3: peak_memory_gib: got -1.0"),
+    ("text profiled", _rows_with(profiled="yes"), ':3: profiled: got "yes"'),
+    ("text speed probe", _rows_with(speed_probe="fast"), ':3: speed_probe: got "fast"'),
+    ("inf speed probe", _rows_with(speed_probe={"gemm_us": math.inf, "op_us": 1.0}),
+     ":3: speed_probe.gemm_us: got Infinity"),
+    ("speed probe without op_us", _rows_with(speed_probe={"gemm_us": 1.0}), ":3: speed_probe.op_us: missing"),
+    ("a list, not a row", VALID + b"[1, 2]\n", ":6: expected a JSON object"),
+    ("bad fingerprint", _rows_with(plan_fingerprint=7), ":3: plan_fingerprint: got 7"),
+    ("fingerprints differ", _rows_with(plan_fingerprint="0123456789abcdef"),
+     ':3: plan_fingerprint: "0123456789abcdef", line 1 has null'),
+]
+
+
+@pytest.mark.parametrize("data, fragment", [c[1:] for c in HOSTILE_METRICS], ids=[c[0] for c in HOSTILE_METRICS])
+def test_hostile_metrics_are_one_line_naming_the_field(plan_path, tmp_path, capsys, data, fragment):
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_bytes(data)
+    code = main(["compare", str(plan_path), str(metrics)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and fragment in err and str(metrics) in err, err
+
+
+def _trace_with(critical_rank_fields=None, ranks=None, raw=None):
+    if raw is not None:
+        return raw
+    info = {"format": 1, "source": "measured", "ranks": ranks if ranks is not None else {
+        "0": {"pp_rank": 0, "dp_rank": 0, "tp_rank": 0, "mode": "host", "terms_s": {"compute": 0.01},
+              "step_time_s": 0.01, "steps": [{"step": 5}], **(critical_rank_fields or {})}}}
+    return json.dumps({"traceEvents": [], "otherData": {"autoplan": info}}).encode()
+
+
+HOSTILE_TRACES = [
+    ("Latin-1", _trace_with(raw=b'{"otherData": {"autoplan": {"note": "caf\xe9"}}}'),
+     "not UTF-8 text (byte 0xe9 at offset 40)"),
+    ("binary", _trace_with(raw=bytes(range(128, 256))), "not UTF-8 text (byte 0x80 at offset 0)"),
+    ("100,000 nested [", _trace_with(raw=b"[" * 100_000),
+     "not a step trace written by autoplan run --trace (JSON nested"),
+    ("ranks a list", _trace_with(ranks=[]), "otherData.autoplan.ranks: got []"),
+    ("rank key not a number", _trace_with(ranks={"x": {}}),
+     "otherData.autoplan.ranks.x: the key must be a global rank"),
+    ("text pp_rank", _trace_with({"pp_rank": "0"}), 'ranks.0.pp_rank: got "0"'),
+    ("boolean tp_rank", _trace_with({"tp_rank": False}), "ranks.0.tp_rank: got false"),
+    ("NaN term", _trace_with({"terms_s": {"compute": math.nan}}), "ranks.0.terms_s: compute: got NaN"),
+    ("terms a list", _trace_with({"terms_s": [1]}), "ranks.0.terms_s: got [1]"),
+    ("inf step time", _trace_with({"step_time_s": math.inf}), "ranks.0: step_time_s: got Infinity"),
+    ("steps of text", _trace_with({"steps": ["5"]}), "ranks.0.steps: got ['5']"),
+    ("text step", _trace_with({"steps": [{"step": "5"}]}), 'ranks.0.steps[0].step: got "5"'),
+]
+
+
+@pytest.mark.parametrize("data, fragment", [c[1:] for c in HOSTILE_TRACES], ids=[c[0] for c in HOSTILE_TRACES])
+def test_hostile_traces_are_one_line_naming_the_field(plan_path, tmp_path, capsys, data, fragment):
+    metrics = tmp_path / "m.jsonl"
+    write_metrics(metrics, synthetic_rows())
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "merged.json").write_bytes(data)
+    code = main(["compare", str(plan_path), str(metrics), "--trace", str(tmp_path / "trace")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and fragment in err and "--trace:" in err, err
+
+
+# -------------------------------------------------------------------------------- plan fingerprint
+@pytest.fixture(scope="module")
+def other_plan_path(plan_path):
+    """The same model and training on the same two devices, laid out dp 2 instead of pp 2."""
+    path = plan_path.parent / "dp2.yaml"
+    assert main(["estimate", "gpt-tiny", "--cluster", "cpu-local", "--devices-per-node", "2", "--global-batch-size",
+                 "8", "--tp", "1", "--pp", "1", "--dp", "2", "--zero-stage", "0", "--schedule", "1f1b",
+                 "--micro-batch-size", "2", "-o", str(path)]) == 0
+    return path
+
+
+def test_metrics_log_writes_the_plan_fingerprint_and_compare_checks_it(plan_path, other_plan_path, tmp_path, capsys):
+    """What the runtime writes (runtime/train/metrics.py, plain Python) carries the fingerprint of the plan it
+    ran; compare takes it against that plan and refuses it against another one of the same world size."""
+    from autoplan.schema.fingerprint import plan_fingerprint
+    from runtime.train.metrics import MetricsLog
+
+    plan, other = load_plan(plan_path), load_plan(other_plan_path)
+    metrics = tmp_path / "m.jsonl"
+    log = MetricsLog(str(metrics), plan.predicted.step_time_s, plan.predicted.peak_memory_gib,
+                     plan_fingerprint=plan_fingerprint(plan))
+    for step, t in enumerate([9.0, 2.0, 4.0, 3.0], 1):
+        log.record(step, 1.0, t, TOKENS, 0.3, 1e-3, 1.0, peak_gib_per_rank=[0.3, 0.2])
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["plan_fingerprint"] for r in rows] == [plan_fingerprint(plan)] * 4
+    assert "plan_fingerprint" not in MetricsLog(None, None, None).record(1, 1.0, 1.0, TOKENS, 0.1, 1e-3, 1.0)
+
+    assert main(["compare", str(plan_path), str(metrics), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["measured_step_time_s"] == 3.0
+    assert main(["compare", str(other_plan_path), str(metrics)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"autoplan compare: error: {metrics}: written by a run of another plan (fingerprint {plan_fingerprint(plan)}, "
+        f"this plan's is {plan_fingerprint(other)}: model, layout or training differ); compare the metrics with the "
+        "plan they were run with"]
+    for row in rows:  # a file without fingerprints (written before they were) is compared as before
+        del row["plan_fingerprint"]
+    write_metrics(metrics, rows)
+    assert main(["compare", str(other_plan_path), str(metrics)]) == 0
+    capsys.readouterr()
+
+
+def test_plan_fingerprint_is_the_run_not_the_prediction_or_the_cluster(plan_path):
+    import dataclasses
+
+    from autoplan.schema.fingerprint import plan_fingerprint
+
+    plan = load_plan(plan_path)
+    fp = plan_fingerprint(plan)
+    assert len(fp) == 16 and int(fp, 16) >= 0
+    cluster = dataclasses.replace(plan.cluster, name="elsewhere", num_nodes=3,
+                                  device=dataclasses.replace(plan.cluster.device, peak_fp32_tflops=123.0))
+    predicted = dataclasses.replace(plan.predicted, step_time_s=plan.predicted.step_time_s * 7)
+    for same in (dataclasses.replace(plan, predicted=None), dataclasses.replace(plan, predicted=predicted),
+                 dataclasses.replace(plan, solver=None), dataclasses.replace(plan, cluster=cluster)):
+        assert plan_fingerprint(same) == fp
+    assert plan_fingerprint(load_plan(plan_path)) == fp  # stable across loads
+    changed = [dataclasses.replace(plan, tp=2), dataclasses.replace(plan, pp=1), dataclasses.replace(plan, dp=2),
+               dataclasses.replace(plan, micro_batch_size=1),
+               dataclasses.replace(plan, model=dataclasses.replace(plan.model, hidden_size=128)),
+               dataclasses.replace(plan, training=dataclasses.replace(plan.training, global_batch_size=16))]
+    fps = [plan_fingerprint(p) for p in changed]
+    assert fp not in fps and len(set(fps)) == len(fps)
+
+
+def test_plan_fingerprint_is_torch_free():
+    code = ("import sys; import autoplan.schema.fingerprint; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'runtime'))]; "
+            "assert not bad, bad")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -107,10 +107,42 @@ def test_bad_options_and_paths_are_one_line_before_any_process(plans, capsys, tm
         (["--resume"], "--resume: needs --checkpoint-dir"),
         (["--checkpoint-every", "5"], "needs --checkpoint-dir"),
         (["--nproc", "3"], "--nproc 3: the plan needs tp * cp * pp * dp = 2"),
+        (["--trace", "/proc/x"], "--trace /proc/x: cannot write"),
+        (["--trace", tmp_path / "afile"], "is a file, not a folder"),
+        (["--trace", tmp_path / "no" / "t"], "its parent"),
     ]
     for extra, needle in cases:
         code, _, err = run(capsys, "run", plans["one"], "--print-command", *extra)
         one_line_error(code, err, needle)
+
+
+def _edited(plan_path, tmp_path, key: str, value: str):
+    """The plan with its model's ``key`` (two-space indented, the first occurrence) set to ``value``."""
+    lines = plan_path.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith(f"  {key}:"))
+    lines[i] = f"  {key}: {value}"
+    path = tmp_path / f"{key}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_run_re_derives_memory_from_the_model_not_the_predicted_block(plans, capsys, tmp_path):
+    """A hidden size edited into a plan leaves its predicted block describing the old model: run refuses
+    the plan by the re-evaluated memory (issue 33: it started, then a rank died allocating 1 TiB); show
+    prints the file's tables and warns; a small edit that still fits runs, with a warning that the
+    predicted figures are stale."""
+    huge = _edited(plans["one"], tmp_path, "hidden_size", str(2**20))
+    code, _, err = run(capsys, "run", huge, "--print-command")
+    one_line_error(code, err, "pipeline rank 0 needs", "GiB by this autoplan's cost model", "more than the 4 GiB")
+    code, out, err = run(capsys, "show", huge)
+    assert code == 0 and "memory per pipeline rank" in out
+    assert err.count("\n") == 1 and "autoplan show: warning: plan: pipeline rank 0 needs" in err
+    wider = _edited(plans["one"], tmp_path, "ffn_hidden_size", "512")
+    code, out, err = run(capsys, "run", wider, "--print-command")
+    assert code == 0 and "torchrun" in out
+    assert err.count("\n") == 1 and "predicted block does not match its model and layout" in err
+    code, _, err = run(capsys, "run", plans["one"], "--print-command")
+    assert code == 0 and err == ""  # the planner's own figures agree with the re-evaluation
 
 
 def _fake_checkpoint(folder, step, model_sha="0" * 64):

@@ -48,6 +48,23 @@ def test_invalid_plans_are_refused(plan_file, tmp_path, edit, fragment):
     assert fragment in str(err.value) and str(bad) in str(err.value)
 
 
+@pytest.mark.parametrize("old, new, fragment", [
+    ("  memory_gib_per_stage: [", "  memory_gib_per_stage: [0.1, ", "predicted.memory_gib_per_stage: 3 values for pp=2"),
+    ("  local_params_per_rank: [", "  local_params_per_rank: [1, 1, ", "predicted.local_params_per_rank: 4 values for pp=2"),
+    ("  backend: gloo", "  backend: nccl", "cluster.backend: nccl runs on GPUs and device 'cpu' is a CPU"),
+])
+def test_edited_plan_text_is_refused(plan_file, tmp_path, old, new, fragment):
+    """What show, run and dry-run index by pipeline rank has one value per rank; nccl needs GPUs (issue 33:
+    each of these was accepted)."""
+    text = plan_file.read_text()
+    assert old in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError) as err:
+        load_plan(bad)
+    assert fragment in str(err.value) and str(bad) in str(err.value)
+
+
 def test_stage_recompute_lookup():
     stage = Stage(index=0, rank=0, layers=(0, 4), full_recompute=(0,), selective_recompute=(1, 2))
     assert [stage.recompute_of(k) for k in range(4)] == ["full", "selective", "selective", "none"]

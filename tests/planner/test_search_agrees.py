@@ -96,6 +96,30 @@ def test_a_time_limit_returns_a_feasible_plan_and_a_true_bound(monkeypatch):
     assert limited.simulated < optimum.simulated
 
 
+def test_bruteforce_honours_the_time_limit_and_reports_progress(monkeypatch):
+    """Brute force checks the clock after every layout, not after every configuration: one configuration
+    of a 70B model on 512 GPUs has more layouts than any limit allows (issue 33: --time-limit 5 ran past
+    60 s, silent). With the clock advancing 1 ms per look, a 0.5 s limit stops it within a few hundred
+    layouts, FEASIBLE, and no better than the optimum; progress lines came before the final one."""
+    model = ModelSpec(name="m", architecture="llama", num_layers=16, hidden_size=256, ffn_hidden_size=1024,
+                      num_attention_heads=4, num_kv_heads=4, vocab_size=1024, seq_len=256)
+    cluster = Cluster(name="c", device=DEVICE, devices_per_node=4, num_nodes=2, intra_node=Link(100.0, 5.0),
+                      inter_node=Link(10.0, 20.0))
+    training = TrainingSetup(global_batch_size=16, seq_len=256)
+    workload = workload_of(model, cluster, training)
+    optimum = search(model, workload, cluster, training, Pins(), solver="bnb", top_k=1)
+    clock = itertools.count()
+    monkeypatch.setattr(planner.time, "perf_counter", lambda: next(clock) * 1e-3)
+    monkeypatch.setattr(planner, "PROGRESS_INTERVAL_S", 0.05)
+    lines: list[tuple[str, bool]] = []
+    limited = search(model, workload, cluster, training, Pins(), solver="bruteforce", top_k=1, time_limit_s=0.5,
+                     progress=lambda message, final: lines.append((message, final)))
+    assert limited.status == "FEASIBLE" and limited.simulated <= 500
+    assert limited.best.step_ns >= optimum.best.step_ns
+    assert [final for _, final in lines][-1] is True and not any(final for _, final in lines[:-1])
+    assert any(message.startswith("brute force:") for message, _ in lines[:-1])
+
+
 def test_recompute_solvers_agree():
     """Several stages per rank (interleaved) under tight memory: CP-SAT and enumeration find the same least
     cost, and the layout they give fits; one stage per rank: the closed form equals enumeration."""

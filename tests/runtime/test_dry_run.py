@@ -67,6 +67,23 @@ def test_cli_dry_run_of_a_planner_plan(tmp_path):
     assert ranks_of(plan, None) == [0, 3]  # the default: the first and the last rank
 
 
+def test_cli_dry_run_counts_from_the_model_not_the_predicted_block(tmp_path):
+    """The expected count is the cost model's count for the plan's model and layout; a predicted block
+    edited by hand is named, not trusted (issue 33)."""
+    plan = planner_plan(tmp_path / "planned.yaml", "gpt-tiny", 2, {"tp": 2, "pp": 1, "dp": 1})
+    counted = local_params_per_rank(plan.model, plan.layout(), plan.training)
+    assert plan.predicted.local_params_per_rank == counted
+    path = tmp_path / "p.yaml"
+    path.write_text(dump_plan(dataclasses.replace(plan, predicted=dataclasses.replace(
+        plan.predicted, local_params_per_rank=(7,)))))
+    proc = subprocess.run([sys.executable, "-m", "autoplan.cli.main", "run", str(path), "--dry-run", "--rank", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = [line.split() for line in proc.stdout.splitlines() if line.startswith("1 ")]
+    assert row[2:5] == [f"{counted[0]:,}", f"{counted[0]:,}", "yes"]  # built, expected, match
+    assert f"predicted.local_params_per_rank [7] differs from its model and layout's [{counted[0]}]" in proc.stdout
+
+
 def test_cli_dry_run_refuses_a_rank_outside_the_plan(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(dump_plan(make_plan(tp=2)))

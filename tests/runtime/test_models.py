@@ -116,3 +116,25 @@ def test_sequence_shards_of_a_dropout_mask_tile_the_whole_mask():
         shards.append(drop(ones[:, rank * 2:(rank + 1) * 2]))
     assert torch.equal(torch.cat(shards, dim=1), whole)
     assert 0 < (whole == 0).float().mean() < 1
+
+
+def test_materialising_a_meta_model_keeps_its_tied_head():
+    """The one-rank plan has no data-parallel wrapper, and plain ``to_empty`` gives the tied head its own
+    tensor (issue 30: the 1-rank run drifted from every multi-rank run from step 2, and its checkpoints
+    lacked the head's optimizer state). build.py's ``to_empty_keeping_ties`` keeps the one tensor."""
+    from runtime.build import to_empty_keeping_ties
+    from runtime.models import build_stage_model
+
+    spec = load_model("gpt-tiny")
+    assert spec.tie_embeddings
+
+    def meta_model():
+        return build_stage_model(spec, spec.seq_len, range(spec.num_layers), True, True, device="meta")
+
+    plain = meta_model()
+    plain.to_empty(device="cpu")
+    assert plain.head.weight is not plain.embed.tok.weight  # what torch does: the reason for the helper
+    kept = meta_model()
+    to_empty_keeping_ties(kept, torch.device("cpu"))
+    assert kept.head.weight is kept.embed.tok.weight
+    assert sum(p.numel() for p in kept.parameters()) == spec.total_params()

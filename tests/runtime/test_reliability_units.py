@@ -48,6 +48,25 @@ def test_a_lost_peer_and_a_bug_are_told_apart():
     assert describe(KeyError("x"), 300.0) is None
 
 
+def test_a_lost_peer_wrapped_by_the_pipeline_stage_is_named():
+    """torch's pipelining re-raises a failed backward collective as RuntimeError("Failed to run stage
+    backward ...") from the gloo error: the peer is lost in the cause (issue 33: the surviving TP rank of a
+    tp2 pp2 run printed a traceback)."""
+    namespace: dict = {}
+    exec(compile("def stage_backward(cause):\n    raise RuntimeError('\\n Failed to run stage backward:\\n "
+                 "Stage output: ...') from cause\n",
+                 "/x/site-packages/torch/distributed/pipelining/_backward.py", "exec"), namespace)
+    cause = RuntimeError("[/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:60635: Connection reset by peer.")
+    try:
+        namespace["stage_backward"](cause)
+    except RuntimeError as err:
+        line, status = describe(err, 300.0)
+    assert status == 5 and "lost a peer rank (Read error [127.0.0.1]:60635: Connection reset by peer.)" in line
+    wrapped_bug = RuntimeError("Failed to run stage backward")
+    wrapped_bug.__cause__ = ValueError("shape mismatch")
+    assert describe(wrapped_bug, 300.0) is None
+
+
 @pytest.mark.parametrize("codes, status", [
     ([-9, 5, 5], 137),      # a killed rank is the cause; its peers only lost it
     ([5, -15, -15], 5),     # SIGTERM is torchrun stopping the survivors: not a cause
