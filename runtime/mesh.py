@@ -77,5 +77,9 @@ def build_mesh(dims: ParallelDims, device: Any, need_embedding_group: bool) -> P
 
 
 def mesh_of_plan(plan: Any, device: Any) -> ParallelMesh:
-    """The plan's mesh (with the embedding groups a tied embedding split over pipeline stages needs)."""
-    return build_mesh(plan.dims, device, plan.model.tie_embeddings and plan.num_stages > 1)
+    """The plan's mesh (with the embedding groups a tied embedding split over pipeline ranks needs: none
+    when the first and the last stage share a rank, as in a V-shaped schedule)."""
+    from autoplan.schema.schedule import stage_rank
+
+    apart = stage_rank(plan.schedule, 0, plan.pp) != stage_rank(plan.schedule, plan.num_stages - 1, plan.pp)
+    return build_mesh(plan.dims, device, plan.model.tie_embeddings and plan.num_stages > 1 and apart)

@@ -129,16 +129,22 @@ class Trainer:
         The two copies have the same placements (vocabulary Shard(0) over tp, FSDP's Shard(0) over dp), but
         their grads need not: the vocabulary-parallel embedding's backward leaves a Replicate grad
         (the whole [V, H] on every TP rank) where the head's is Shard(0). Each grad is first put in its
-        parameter's placements, so the two ranks of a pair all-reduce tensors of the same shape."""
-        group = self.pm.embedding_group
-        if group is None:
+        parameter's placements, so the two ranks of a pair all-reduce tensors of the same shape. In a
+        V-shaped schedule both copies are on this rank (stages 0 and 2 pp - 1): they are summed here."""
+        tied, group = self.parts.tied_params, self.pm.embedding_group
+        if not tied or (group is None and len(tied) < 2):
             return
-        for p in self.parts.tied_params:
+        for p in tied:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             elif isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-            dist.all_reduce(local(p.grad), group=group)
+        if len(tied) == 2:
+            total = local(tied[0].grad) + local(tied[1].grad)
+            for p in tied:
+                local(p.grad).copy_(total)
+            return
+        dist.all_reduce(local(tied[0].grad), group=group)
 
     def _global_loss(self, loss: torch.Tensor) -> float:
         """Mean loss over the global batch, known on every rank: from the last pp rank, averaged over dp and

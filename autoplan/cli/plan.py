@@ -48,6 +48,26 @@ def stderr_progress(message: str, final: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def _zero_bubble_gain(best, model, fn, cluster, training, pins) -> str | None:
+    """A zero-bubble winner's line on what its schedule bought: the same configuration searched under the
+    classic schedule with the same stages per rank (1f1b, gpipe where m < pp, or interleaved for two or more)."""
+    from autoplan.report.why import schedule_gain
+    from autoplan.schema.schedule import ZERO_BUBBLE
+    from autoplan.search.planner import search
+    from autoplan.search.result import predicted_of
+
+    c = best.config
+    if c.schedule not in ZERO_BUBBLE:
+        return None
+    classic = "interleaved" if c.virtual_stages > 1 else "1f1b" if c.num_microbatches >= c.pp else "gpipe"
+    fixed = {f.name: getattr(c, f.name) for f in dataclasses.fields(pins) if f.name != "recompute"}
+    same = dataclasses.replace(pins, **{**fixed, "schedule": classic})
+    other = search(model, fn, cluster, training, same, top_k=1).best
+    label = f"interleaved (v={c.virtual_stages})" if classic == "interleaved" else classic
+    return schedule_gain(c.schedule, predicted_of(best, cluster, training)[1], label,
+                         predicted_of(other, cluster, training)[1] if other else None)
+
+
 def run(args: argparse.Namespace) -> int:
     # imported here so that `autoplan --help` does not load the search (and OR-Tools behind it)
     from autoplan.cost.model_workload import workload_fn
@@ -128,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
           f"configurations, {result.evaluated} with layouts simulated ({result.simulated} layouts), {rest})\n")
     print(ranking_table(ranked))
     print("\n" + why_winner(ranked))
+    gain = _zero_bubble_gain(result.best, model, make(model, cluster, training), cluster, training, pins)
+    if gain:
+        print(gain)
     print("\n" + breakdown_table(ranked[0][1]))
     if args.output:
         print(f"\nwrote {args.output}")

@@ -109,7 +109,8 @@ def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], e
             cp_comm += m * count * (cost.cp_fwd_s + cost.cp_bwd_s)
         compute += m * (t.action_fwd_ns + t.action_bwd_ns) * 1e-9  # pipeline runtime's host work per action
         recompute += m * (sh.selective * w.block.selective_extra_s * share.pipeline
-                       + sh.full * share.scaled_s(w.block.fwd_s, w.block.host_fwd_s))
+                       + sh.full * share.scaled_s(w.block.fwd_s, w.block.host_fwd_s)
+                       + sh.full * t.full_extra_weight_ns * 1e-9)  # split backwards: the weight half's reruns
         tp_comm += m * sh.full * w.block.tp_fwd_s
         cp_comm += m * sh.full * w.block.cp_fwd_s
     busy = ev.timeline.busy(r) * 1e-9

@@ -19,7 +19,7 @@ from autoplan.cost.simulate import Timeline, critical_path, inflight_peaks, simu
 from autoplan.cost.stage_table import PERMILLE, StageTable
 from autoplan.cost.stage_terms import (
     Var, rank_after_sync, rank_before_sync, rank_fixed_dynamic, rank_states, rank_sync, stage_activations, stage_bwd,
-    stage_fwd,
+    stage_fwd, stage_wgt,
 )
 
 
@@ -101,13 +101,15 @@ def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:
     values = shape_values(shapes)
     fwd = [stage_fwd(t, s).value(values) for s in range(t.num_stages)]
     bwd = [stage_bwd(t, s).value(values) for s in range(t.num_stages)]
+    wgt = [stage_wgt(t, s).value(values) for s in range(t.num_stages)] if t.split_backward else [0] * t.num_stages
     timeline = simulate(t.orders, [float(x) for x in fwd], [float(x) for x in bwd], [float(x) for x in t.p2p_ns],
-                        float(t.late_receive_ns))
+                        float(t.late_receive_ns), [float(x) for x in wgt])
     peaks = inflight_peaks(t.orders)
     ends, exposed, tails, before, after, memory = {}, {}, {}, {}, {}, {}
     for rank in t.orders:
         ends[rank] = int(timeline.rank_end[rank])
-        window = bwd[t.last_backward_stage(rank)] if t.overlap_grad_reduce else 0
+        last = t.last_backward_stage(rank)
+        window = (wgt[last] if t.last_is_weight(rank) else bwd[last]) if t.overlap_grad_reduce else 0
         exposed[rank] = max(0, rank_sync(t, rank).value(values) - window)
         before[rank] = exposed[rank] + rank_before_sync(t, rank).value(values)
         after[rank] = rank_after_sync(t, rank).value(values)

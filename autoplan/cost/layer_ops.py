@@ -217,6 +217,14 @@ class LayerCost:
     host_bwd_s: float = 0.0
     param_tensors: int = 0
     """Parameter tensors of the layer (the optimizer's per-tensor host cost)."""
+    bwd_weight_s: float = 0.0
+    """Of ``bwd_s``, the weight-gradient GEMMs (one per forward GEMM, as long): what a zero-bubble schedule's
+    weight backward ``W`` runs; the rest (input gradients, attention, memory-bound ops) is its ``I``."""
+    weight_groups: int = 0
+    """Operations that consume parameters (each GEMM call, and a block's two norms): torch 2.13's weight
+    backward (pipelining/_backward.py ``stage_backward_weight``) runs one autograd pass per such group, and a
+    fully recomputed (checkpointed) block reruns its forward in each (measured: 8 reruns of a gpt-tiny block,
+    9 of a llama-tiny block, after the one in the input backward)."""
     tp_param_tensors: int = 0
     """Of those, the ones TP turns into DTensors (all of them are DTensors under FSDP2 / replicate)."""
 
@@ -358,6 +366,8 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         host_fwd_s=t.host_fwd_s + tp_host_fwd, host_bwd_s=t.host_bwd_s + tp_host_bwd,
         param_tensors=ops.host.param_tensors, tp_param_tensors=ops.host.tp_param_tensors if tp > 1 else 0,
+        bwd_weight_s=t.gemm_bwd_s / BACKWARD_FACTOR,
+        weight_groups=sum(g.count for g in ops.gemms) + (2 if ops.attention is not None else 0),
     )
 
 

@@ -43,9 +43,13 @@ class RankTerms:
     after_per_layer: int
     window_stage: int | None
     """Stage whose last backward the DP reduction overlaps (None: no overlap)."""
+    window_weight: bool
+    """That last action is a weight backward (zero-bubble schedules): the window is its ``W``."""
     first_stage: int
     """Stage of the rank's first action (a forward) and of its last one (a backward)."""
     last_stage: int
+    last_input_stage: int
+    """Stage of the rank's last full or input backward (``last_stage`` unless the schedule splits them)."""
 
 
 class LayoutTerms:
@@ -58,8 +62,12 @@ class LayoutTerms:
                           for s in range(S)]
         self.bwd_const = [(t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == last else 0) + t.action_bwd_ns
                           for s in range(S)]
-        self.block_fwd, self.block_bwd = t.block.fwd_ns, t.block.bwd_ns
-        self.sel_ns, self.full_ns = t.selective_extra_ns, t.full_extra_ns
+        self.block_fwd, self.block_bwd, self.block_wgt = t.block.fwd_ns, t.block.bwd_ns, t.block.wgt_ns
+        self.split = t.split_backward
+        self.wgt_const = [(t.embedding.bwd_ns if s == 0 else 0) + (t.head.wgt_ns if s == last else 0)
+                          for s in range(S)]  # stage_terms.stage_wgt
+        self.sel_ns, self.full_ns = t.selective_extra_ns, t.full_extra_ns + t.full_extra_weight_ns
+        self.full_weight_ns = t.full_extra_weight_ns
         self.act = t.block_act_bytes
         self.d_sel = t.block_act_bytes - t.block_act_selective_bytes
         """Bytes a selectively recomputed layer saves per micro-batch, and what it needs while it rebuilds."""
@@ -73,7 +81,7 @@ class LayoutTerms:
         self.memo: dict = {}
         """Per-rank answers that splits of this configuration share (the search's recompute bounds)."""
         self.ranks: list[RankTerms] = []
-        for r, (stages, peaks, first_stage, last_stage) in enumerate(shapes):
+        for r, (stages, peaks, first_stage, last_stage, last_input_stage) in enumerate(shapes):
             first, has_last = 0 in stages, last in stages
             self.ranks.append(RankTerms(
                 rank=r, stages=stages, peaks=peaks,
@@ -90,7 +98,8 @@ class LayoutTerms:
                 + (t.gather_head_ns + t.optim_head_ns if has_last else 0) + gather_latency + t.step_sync_ns,
                 after_per_layer=t.gather_block_ns + t.optim_block_ns,
                 window_stage=last_stage if t.overlap_grad_reduce else None,
-                first_stage=first_stage, last_stage=last_stage,
+                window_weight=t.last_is_weight(r),
+                first_stage=first_stage, last_stage=last_stage, last_input_stage=last_input_stage,
             ))
 
     # memory -----------------------------------------------------------------------------------------------
@@ -120,21 +129,32 @@ class LayoutTerms:
                for k, a, b, c in zip(n, sel, full, self.bwd_const)]
         return fwd, bwd
 
-    def before_sync_ns(self, rank: RankTerms, layers: int, bwd: Sequence[int]) -> int:
+    def stage_weights(self, n: Sequence[int], full: Sequence[int] | None = None) -> list[int]:
+        """Per-stage weight backward (``W``) of one micro-batch, with ``full`` fully recomputed layers per
+        stage (None: none); zeros unless the schedule splits backwards."""
+        if not self.split:
+            return [0] * len(n)
+        full = full if full is not None else [0] * len(n)
+        return [k * self.block_wgt + b * self.full_weight_ns + c for k, b, c in zip(n, full, self.wgt_const)]
+
+    def before_sync_ns(self, rank: RankTerms, layers: int, bwd: Sequence[int], wgt: Sequence[int]) -> int:
         """Work after the rank's last backward up to the step's sync point: exposed DP reduction, tied grads."""
         sync = rank.sync_const + rank.sync_per_layer * layers
-        window = bwd[rank.window_stage] if rank.window_stage is not None else 0
+        window = 0
+        if rank.window_stage is not None:
+            window = (wgt if rank.window_weight else bwd)[rank.window_stage]
         return max(0, sync - window) + rank.before_const
 
     def step_ns(self, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> tuple[int, int]:
         """(step time, critical rank) of the layout: the schedule simulated, each rank's work up to the sync
         point, then the largest after-sync work (the same integers as evaluate.evaluate)."""
         fwd, bwd = self.stage_times(n, sel, full)
-        ends = rank_ends(compiled(self.table.orders, self.num_stages), fwd, bwd, self.p2p, self.late_receive)
+        wgt = self.stage_weights(n, full)
+        ends = rank_ends(compiled(self.table.orders, self.num_stages), fwd, bwd, self.p2p, self.late_receive, wgt)
         best, critical, sync, after_max = -1, 0, 0, 0
         for rank in self.ranks:
             layers = sum(n[s] for s in rank.stages)
-            before = ends[rank.rank] + self.before_sync_ns(rank, layers, bwd)
+            before = ends[rank.rank] + self.before_sync_ns(rank, layers, bwd, wgt)
             after = rank.after_const + rank.after_per_layer * layers
             sync, after_max = max(sync, before), max(after_max, after)
             if before + after > best:
@@ -154,8 +174,9 @@ def _schedule_shapes(orders: RankOrders, stages_by_rank: tuple[tuple[int, ...], 
     peaks = inflight_peaks(orders)
     shapes = []
     for r, stages in enumerate(stages_by_rank):
+        last_input = next(a.stage for a in reversed(orders[r]) if a.kind in "BI")
         shapes.append((stages, tuple(tuple(vec.get(s, 0) for s in stages) for vec in peaks[r]),
-                       orders[r][0].stage, orders[r][-1].stage))
+                       orders[r][0].stage, orders[r][-1].stage, last_input))
     if len(_SHAPES) > 4096:
         _SHAPES.clear()
     _SHAPES[id(orders)] = (orders, shapes)

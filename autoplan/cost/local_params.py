@@ -76,7 +76,7 @@ def local_params_per_rank(model: ModelSpec, layout: Layout, training: TrainingSe
     counts = []
     for rank in range(layout.pp):
         tensors: list[ParamTensor] = []
-        for stage in layout.stages[rank::layout.pp]:
+        for stage in (s for s in layout.stages if s.rank == rank):  # the schedule places them (loop or V)
             tensors += block_tensors(model) * stage.num_layers
             if stage.index == 0:
                 tensors += embedding_tensors(model, training.seq_len, layout.tp)

@@ -2,7 +2,9 @@
 
 Each rank runs its actions in list order, one at a time. A forward of stage s waits for the forward of
 stage s-1 on the same micro-batch plus the point-to-point transfer between them; a backward of stage s
-waits for the backward of stage s+1 (or, on the last stage, its own forward) plus the transfer. Sends are
+waits for the backward of stage s+1 (or, on the last stage, its own forward) plus the transfer. A split
+backward (zero-bubble schedules) is an input backward ``I``, which waits like a full backward and is what
+stage s-1 waits for, and a weight backward ``W``, which waits for its own ``I`` only. Sends are
 asynchronous (they cost the receiver latency, not the sender's compute), as in torch's schedules and
 Megatron's. A receive completes no sooner than ``late_receive`` after it is posted (when the receiving
 rank's previous action ends), which binds for receives posted after their data was sent: 0 on GPUs; on a
@@ -22,7 +24,7 @@ Both work for any valid per-rank action list; nothing assumes the shape of a par
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autoplan.schema.schedule import Action, RankOrders
 
@@ -51,9 +53,18 @@ class CriticalPath:
     forwards: Counter
     """Forward actions per stage on the path."""
     backwards: Counter
+    """Full backward actions per stage on the path."""
     transfers: Counter
     """Point-to-point transfers per edge (s, s+1) on the path, either direction."""
     end_rank: int
+    inputs: Counter = field(default_factory=Counter)
+    """Input backward (``I``) actions per stage on the path."""
+    weights: Counter = field(default_factory=Counter)
+    """Weight backward (``W``) actions per stage on the path."""
+
+
+SLOTS = {"F": 0, "B": 1, "I": 2, "W": 3}
+"""Duration slot of an action of stage s: SLOTS[kind] x num_stages + s."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,8 @@ class Compiled:
     """The actions in an order that respects every dependency, each as a row (rank predecessor,
     dependency 1, its transfer edge, dependency 2, its edge, duration slot): indices into this order, -1
     for "none" (index -1 of the end-time list and of the transfer list holds 0); slot s is the forward
-    of stage s, slot num_stages + s its backward."""
+    of stage s, slot num_stages + s its full backward, 2 num_stages + s its input backward, 3 num_stages
+    + s its weight backward."""
 
     actions: list[Action]
     ranks: list[int]
@@ -70,12 +82,14 @@ class Compiled:
 
 
 def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: list[float],
-             late_receive_s: float = 0.0) -> Timeline:
-    """``fwd_s[s]``/``bwd_s[s]``: durations of stage s; ``p2p_s[s]``: transfer time between s and s+1;
-    ``late_receive_s``: the least time from posting a receive to its completion (module doc)."""
+             late_receive_s: float = 0.0, wgt_s: list[float] | None = None) -> Timeline:
+    """``fwd_s[s]``/``bwd_s[s]``: durations of stage s (``bwd_s``: the full backward); ``wgt_s[s]``: of the
+    full backward, the weight backward's share (a split backward's ``I`` takes the rest; None: 0);
+    ``p2p_s[s]``: transfer time between s and s+1; ``late_receive_s``: the least time from posting a
+    receive to its completion (module doc)."""
     g = compiled(orders, len(fwd_s))
     n = len(g.rows)
-    durations = list(fwd_s) + list(bwd_s)
+    durations = slot_durations(fwd_s, bwd_s, wgt_s)
     start, end = [0.0] * n, [0.0] * n
     binding: list[tuple[int, bool] | None] = [None] * n
     for i, (p, d1, e1, d2, e2, slot) in enumerate(g.rows):
@@ -95,6 +109,12 @@ def simulate(orders: RankOrders, fwd_s: list[float], bwd_s: list[float], p2p_s: 
     return Timeline(g.actions, g.ranks, start, end, binding, rank_end, g.last_index)
 
 
+def slot_durations(fwd: list, bwd: list, wgt: list | None) -> list:
+    """The duration of every slot (``SLOTS``): forward, full backward, input backward, weight backward."""
+    wgt = list(wgt) if wgt is not None else [0] * len(fwd)
+    return list(fwd) + list(bwd) + [b - w for b, w in zip(bwd, wgt)] + wgt
+
+
 _COMPILED: dict[int, tuple[RankOrders, Compiled]] = {}
 
 
@@ -102,31 +122,37 @@ def compiled(orders: RankOrders, num_stages: int) -> Compiled:
     """The dependency graph of the lists, built once per schedule object (build_schedule caches those)
     and reused: it depends on the action order only, not on durations. A deadlock is found here.
 
-    A forward of stage s waits for the forward of s - 1 on the same micro-batch; a backward for the
-    backward of s + 1 (on the last stage: nothing but its own forward) and its own forward.
+    A forward of stage s waits for the forward of s - 1 on the same micro-batch; a backward (full or
+    input) for the backward (full or input) of s + 1 (on the last stage: nothing but its own forward) and
+    its own forward; a weight backward for its own input backward.
     """
     cached = _COMPILED.get(id(orders))
     if cached is not None and cached[0] is orders:
         return cached[1]
     # every action gets an integer id from (stage, kind, micro-batch); lists indexed by it are far cheaper
     # than dictionaries of dataclasses, which matters for lists of 10^5 actions. Id -1 is "no dependency".
+    # ids: 3 per (stage, micro-batch): its forward, its backward (full or input: what stage s - 1 waits
+    # for), its weight backward
     span = 1 + max((a.microbatch for acts in orders.values() for a in acts), default=0)
     lists = {}
     for rank, acts in orders.items():
         rows = []
         for a in acts:
-            s, mb, forward = a.stage, a.microbatch, a.kind == "F"
+            s, mb, kind = a.stage, a.microbatch, a.kind
             if not 0 <= s < num_stages or mb < 0:
                 raise RuntimeError(f"pipeline schedule: rank {rank} runs {a}, outside {num_stages} stages")
-            f_id, b_id = 2 * s * span + mb, (2 * s + 1) * span + mb
-            if forward:
-                rows.append((f_id, f_id - 2 * span if s > 0 else -1, s - 1, -1, -1, s, a))
+            f_id, b_id, w_id = 3 * s * span + mb, (3 * s + 1) * span + mb, (3 * s + 2) * span + mb
+            slot = SLOTS[kind] * num_stages + s
+            if kind == "F":
+                rows.append((f_id, f_id - 3 * span if s > 0 else -1, s - 1, -1, -1, slot, a))
+            elif kind == "W":
+                rows.append((w_id, b_id, -1, -1, -1, slot, a))
             elif s == num_stages - 1:
-                rows.append((b_id, f_id, -1, -1, -1, num_stages + s, a))
+                rows.append((b_id, f_id, -1, -1, -1, slot, a))
             else:
-                rows.append((b_id, b_id + 2 * span, s, f_id, -1, num_stages + s, a))
+                rows.append((b_id, b_id + 3 * span, s, f_id, -1, slot, a))
         lists[rank] = rows
-    index = [-1] * (2 * num_stages * span) + [0]  # the last entry answers for id -1: always "done"
+    index = [-1] * (3 * num_stages * span) + [0]  # the last entry answers for id -1: always "done"
     actions: list[Action] = []
     ranks: list[int] = []
     out: list[tuple[int, int, int, int, int, int]] = []
@@ -170,14 +196,17 @@ def data_dependencies(action: Action, num_stages: int) -> list[Action]:
     s, mb = action.stage, action.microbatch
     if action.kind == "F":
         return [Action(s - 1, "F", mb)] if s > 0 else []
+    if action.kind == "W":
+        return [Action(s, "I", mb)]
     if s == num_stages - 1:
         return [Action(s, "F", mb)]
-    return [Action(s + 1, "B", mb), Action(s, "F", mb)]
+    return [Action(s + 1, "B", mb), Action(s, "F", mb)]  # the next stage's "B" or, split, its "I"
 
 
-def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int], late_receive: int = 0) -> dict[int, int]:
+def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int], late_receive: int = 0,
+              wgt: list[int] | None = None) -> dict[int, int]:
     """When each rank's last action ends: the same recurrence as ``simulate``, on integers (ns)."""
-    durations = fwd + bwd
+    durations = slot_durations(fwd, bwd, wgt)
     transfer = list(p2p) + [0]
     end = [0] * (len(c.rows) + 1)
     for i, (prev, d1, e1, d2, e2, slot) in enumerate(c.rows):
@@ -194,13 +223,12 @@ def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int], late_
 
 def critical_path(timeline: Timeline, rank: int) -> CriticalPath:
     """The chain of binding predecessors that ends with ``rank``'s last action."""
-    forwards: Counter = Counter()
-    backwards: Counter = Counter()
+    counts: dict[str, Counter] = {kind: Counter() for kind in SLOTS}
     transfers: Counter = Counter()
     i: int | None = timeline.last_index[rank]
     while i is not None:
         action = timeline.actions[i]
-        (forwards if action.kind == "F" else backwards)[action.stage] += 1
+        counts[action.kind][action.stage] += 1
         binding = timeline.binding[i]
         if binding is None:
             break
@@ -208,7 +236,7 @@ def critical_path(timeline: Timeline, rank: int) -> CriticalPath:
         if crosses:
             transfers[min(action.stage, timeline.actions[j].stage)] += 1
         i = j
-    return CriticalPath(forwards, backwards, transfers, rank)
+    return CriticalPath(counts["F"], counts["B"], transfers, rank, counts["I"], counts["W"])
 
 
 _PEAKS: dict[int, tuple[RankOrders, dict]] = {}
@@ -217,8 +245,10 @@ _PEAKS: dict[int, tuple[RankOrders, dict]] = {}
 def inflight_peaks(orders: RankOrders) -> dict[int, list[dict[int, int]]]:
     """Per rank, the micro-batches each of its stages holds at every local peak of activation memory.
 
-    A forward adds one micro-batch's activations to its stage, a backward frees them; peaks occur right
-    after a forward that is followed by a backward (or ends the list). The order on a rank is fixed, so
+    A forward adds one micro-batch's activations to its stage, a full backward frees them; of a split one,
+    the input backward frees nothing (the weight backward still needs each layer's input) and the weight
+    backward frees them all. Peaks occur right after a forward that is followed by another kind of action
+    (or ends the list). The order on a rank is fixed, so
     these counts do not depend on durations: memory = max over the returned vectors of
     sum(count[s] * bytes_per_microbatch[s]), which is linear in the stage layouts for each vector.
     """
@@ -232,8 +262,8 @@ def inflight_peaks(orders: RankOrders) -> dict[int, list[dict[int, int]]]:
         live = [0] * len(stages)
         found: set[tuple[int, ...]] = set()
         for i, a in enumerate(actions):
-            live[slot[a.stage]] += 1 if a.kind == "F" else -1
-            if a.kind == "F" and (i + 1 == len(actions) or actions[i + 1].kind == "B"):
+            live[slot[a.stage]] += 1 if a.kind == "F" else -1 if a.kind in "BW" else 0
+            if a.kind == "F" and (i + 1 == len(actions) or actions[i + 1].kind != "F"):
                 found.add(tuple(live))
         # keep the vectors no other one dominates; a dominating vector has at least the same total
         kept: list[tuple[int, ...]] = []

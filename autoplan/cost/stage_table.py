@@ -34,7 +34,7 @@ from autoplan.cost.workload import LayerCost, Workload
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, StackProfile, TrainingSetup
 from autoplan.schema.plan import ParallelConfig as Config  # the search's name for it
-from autoplan.schema.schedule import RankOrders, build_schedule, stages_of_rank
+from autoplan.schema.schedule import ZERO_BUBBLE, RankOrders, build_schedule, stage_rank, stages_of_rank
 
 PERMILLE = 1000
 
@@ -48,6 +48,8 @@ def reserve_permille(stack: StackProfile) -> int:
 class LayerTimes:
     fwd_ns: int
     bwd_ns: int
+    wgt_ns: int = 0
+    """Of ``bwd_ns``, the weight backward (zero-bubble schedules' ``W``; LayerCost.bwd_weight_s)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,9 @@ class StageTable:
     baseline_bytes: int = 0
     """Memory of the training process besides tensors (device memory_baseline_gib)."""
     share: CoreShare = CoreShare()
+    full_extra_weight_ns: int = 0
+    """Under a schedule that splits backwards, what a fully recomputed block adds to its weight backward:
+    its forward once per weight group (LayerCost.weight_groups; torch 2.13 reruns it in each)."""
 
     @property
     def num_stages(self) -> int:
@@ -148,6 +153,15 @@ class StageTable:
         """The stage whose final backward ends the rank's list: the window DP reduction overlaps."""
         return self.orders[rank][-1].stage
 
+    def last_is_weight(self, rank: int) -> bool:
+        """The rank's list ends with a weight backward (zero-bubble): the window is that ``W``, not a backward."""
+        return self.orders[rank][-1].kind == "W"
+
+    @property
+    def split_backward(self) -> bool:
+        """The schedule splits backwards into ``I`` and ``W`` (autoplan.schema.schedule.ZERO_BUBBLE)."""
+        return self.config.schedule in ZERO_BUBBLE
+
 
 MAX_TABLE_S = 1e9
 """No single entry of a table is longer than this (about 30 years): the search's integers stay exact."""
@@ -170,7 +184,7 @@ def layer_times(layer: LayerCost, zero3_gather_s: float = 0.0) -> LayerTimes:
     have on devices of their own (the search's group bound)."""
     fwd = layer.fwd_s + layer.tp_fwd_s + layer.cp_fwd_s + max(0.0, zero3_gather_s - layer.fwd_s)
     bwd = layer.bwd_s + layer.tp_bwd_s + layer.cp_bwd_s + max(0.0, zero3_gather_s - layer.bwd_s)
-    return LayerTimes(ns(fwd), ns(bwd))
+    return LayerTimes(ns(fwd), ns(bwd), min(ns(bwd), ns(layer.bwd_weight_s)))
 
 
 def weight_bytes(training: TrainingSetup) -> int:
@@ -274,13 +288,18 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
 
     last_params = head_params(workload, c)
     every_sync, tied_sync = step_sync_s(cluster, c, workload.tied_copy_params * weight_bytes(training))
-    # stage s runs on pipeline rank s % pp and sends to rank (s + 1) % pp, inside a node or across
+    # stage s sends to stage s + 1 on the rank the schedule places it on (schema/schedule.py stage_rank),
+    # inside a node or across; in a V the middle two stages share the last rank (no transfer)
     per_node = cluster.devices_per_node
     intra = ns(p2p_time_s(cluster, workload.output_bytes, same_node=True))
     inter = ns(p2p_time_s(cluster, workload.output_bytes, same_node=False))
     nodes = dims.pipeline_nodes(per_node)
-    hops = [intra if nodes[r] == nodes[(r + 1) % c.pp] else inter for r in range(c.pp if c.num_stages > 1 else 0)]
-    p2p = tuple(hops[s % c.pp] for s in range(c.num_stages - 1))
+
+    def hop(s: int) -> int:
+        a, b = stage_rank(c.schedule, s, c.pp), stage_rank(c.schedule, s + 1, c.pp)
+        return 0 if a == b else intra if nodes[a] == nodes[b] else inter
+
+    p2p = tuple(hop(s) for s in range(c.num_stages - 1))
     block = workload.block
     z3_buffer = 0
     if per_layer_gathers:  # the layer being computed and the one prefetched, unsharded
@@ -290,6 +309,8 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         config=c, num_layers=workload.num_layers,
         block=times(block), selective_extra_ns=ns(block.selective_extra_s),
         full_extra_ns=ns(block.fwd_s + block.tp_fwd_s + block.cp_fwd_s),  # the recomputed forward runs its ring too
+        full_extra_weight_ns=(block.weight_groups * ns(block.fwd_s + block.tp_fwd_s + block.cp_fwd_s)
+                              if c.schedule in ZERO_BUBBLE else 0),
         embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p, late_receive_ns=0,
         block_state_bytes=state(block.params), embedding_state_bytes=state(workload.embedding.params),
         head_state_bytes=state(last_params),

@@ -55,9 +55,19 @@ def stage_fwd(t: StageTable, s: int) -> Linear:
 
 
 @_per_table
+def stage_wgt(t: StageTable, s: int) -> Linear:
+    """Of ``stage_bwd``, the weight backward (a zero-bubble schedule's ``W``): the blocks' and the head's
+    weight-gradient GEMMs and the embedding's whole backward (its input, token ids, has no gradient).
+    Recomputation reruns the forward when the input gradient is computed, so it stays in ``I``."""
+    const = (t.embedding.bwd_ns if s == 0 else 0) + (t.head.wgt_ns if s == t.num_stages - 1 else 0)
+    return Linear({("n", s): t.block.wgt_ns, ("full", s): t.full_extra_weight_ns}, const)
+
+
+@_per_table
 def stage_bwd(t: StageTable, s: int) -> Linear:
     const = (t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == t.num_stages - 1 else 0) + t.action_bwd_ns
-    return Linear({("n", s): t.block.bwd_ns, ("sel", s): t.selective_extra_ns, ("full", s): t.full_extra_ns}, const)
+    full = t.full_extra_ns + t.full_extra_weight_ns  # the weight backward's reruns (split backwards only)
+    return Linear({("n", s): t.block.bwd_ns, ("sel", s): t.selective_extra_ns, ("full", s): full}, const)
 
 
 def _per_rank(t: StageTable, rank: int, block: int, embedding: int, head: int) -> Linear:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from autoplan.export.common import ExportError, describe_recompute, stage_recompute, uniform_mode
 from autoplan.schema import Plan
+from autoplan.schema.schedule import ZERO_BUBBLE
 
 TRANSFORMER = "TransformerConfig"
 PARALLEL = "ModelParallelConfig"
@@ -146,6 +147,9 @@ def megatron_arguments(plan: Plan) -> list[Argument]:
                          f"{PARALLEL}.virtual_pipeline_model_parallel_size"))
     elif plan.schedule == "gpipe" and plan.pp > 1:
         raise ExportError("schedule: Megatron runs 1F1B and interleaved 1F1B, not GPipe; nearest: --schedule 1f1b")
+    elif plan.schedule in ZERO_BUBBLE:
+        raise ExportError(f"schedule: Megatron-LM runs 1F1B and interleaved 1F1B, not {plan.schedule} (zero bubble "
+                          "is in Sea AI Lab's fork); re-plan with --schedule 1f1b or interleaved, or export to torchtitan")
     args += _split_arguments(plan)
     args += [_arg("--micro-batch-size", plan.micro_batch_size, None, TRAINING_LOOP),
              _arg("--global-batch-size", t.global_batch_size, None, TRAINING_LOOP)]

@@ -8,7 +8,8 @@ What maps how (torchtitan/config/job_config.py, torchtitan/distributed/parallel_
   ``data_parallel_replicate_degree = dp`` (DDP). torchtitan has no ZeRO 1: refused, nearest ZeRO 2.
 * tp with sequence parallelism always (torchtitan's TP plan shards the norms): a plan without it is
   refused, nearest ``--sequence-parallel``. cp: ``context_parallel_degree``.
-* pp: the schedule (1F1B, GPipe, Interleaved1F1B) and the plan's exact stage split as
+* pp: the schedule (1F1B, GPipe, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) and the
+  plan's exact stage split as
   ``module_fqns_per_model_part`` (tok_embeddings with the first stage, norm and output with the last).
   The batch: with pp, ``local_batch_size`` is the replica's batch cut into micro-batches of
   ``pipeline_parallel_microbatch_size``; without, ``local_batch_size`` is the micro-batch and
@@ -28,7 +29,10 @@ import json
 from autoplan.export.common import ExportError, describe_recompute, stage_recompute, uniform_mode
 from autoplan.schema import Plan
 
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb1p": "InterleavedZeroBubble",
+             "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+"""torch's schedule classes by the names torchtitan's ``pipeline_parallel_schedule`` takes; torchtitan places
+the stages of ZBVZeroBubble and DualPipeV in a V itself (distributed/pipeline_parallel.py, ``style="v"``)."""
 
 # torchtitan/models/llama3/__init__.py llama3_args: (dim, layers, heads, kv heads, ffn) of each flavor
 LLAMA3_FLAVORS = {(4096, 32, 32, 8, 14336): "8B", (8192, 80, 64, 8, 28672): "70B",

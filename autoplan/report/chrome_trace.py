@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from autoplan.cost.simulate import data_dependencies
+from autoplan.schema.schedule import Action
 from autoplan.report.simulated import SimulatedStep, terms_of
 from autoplan.report.tables import layout_label
 from autoplan.schema._io import write_atomic
@@ -52,18 +53,21 @@ def simulated_trace(sim: SimulatedStep) -> dict[str, Any]:
     index = {a: i for i, a in enumerate(tl.actions)}
     for i, a in enumerate(tl.actions):
         rank, start, end = tl.ranks[i], tl.start[i] / _NS_PER_US, tl.end[i] / _NS_PER_US
-        args = {"stage": a.stage, "microbatch": a.microbatch, "action": str(a)}
+        args = {"stage": a.stage, "microbatch": a.microbatch, "action": str(a),
+                **({"part": "input" if a.kind == "I" else "weights"} if a.kind in "IW" else {})}
         events.append(slice_event(FORWARD if a.kind == "F" else BACKWARD, rank, SCHEDULE_THREAD, start, end,
                                   "compute", args))
         busy[rank].append((start, end))
-        recompute_us = sim.recompute_ns(a.stage) / _NS_PER_US if a.kind == "B" else 0.0
+        recompute_us = sim.recompute_ns(a.stage) / _NS_PER_US if a.kind in "BI" else 0.0
         if recompute_us > 0:
             events.append(slice_event(SLICE_NAMES["recompute"], rank, SCHEDULE_THREAD, start, start + recompute_us,
                                       "recompute", args))
         for dep in data_dependencies(a, sim.table.num_stages):
             if dep.stage == a.stage:
                 continue
-            sent = tl.end[index[dep]] / _NS_PER_US
+            # a backward waits for the next stage's backward: full ("B") or, split, its input part ("I")
+            found = index.get(dep, index.get(Action(dep.stage, "I", dep.microbatch)))
+            sent = tl.end[found] / _NS_PER_US
             transfers[rank].append((sent, sent + sim.table.p2p_ns[min(dep.stage, a.stage)] / _NS_PER_US,
                                     {"from_stage": dep.stage, "to_stage": a.stage, "microbatch": a.microbatch,
                                      "carries": "activation" if a.kind == "F" else "gradient"}))

@@ -74,7 +74,7 @@ def _draw_gantt(ax, sim: SimulatedStep, Patch) -> None:
         row, start, width = tl.ranks[i], tl.start[i] * 1e-9 * scale, (tl.end[i] - tl.start[i]) * 1e-9 * scale
         kind = "forward" if a.kind == "F" else "backward"
         ax.barh(row, width, left=start, height=0.8, color=COLOURS[kind], edgecolor="white", linewidth=edge)
-        recompute = sim.recompute_ns(a.stage) * 1e-9 * scale if a.kind == "B" else 0.0
+        recompute = sim.recompute_ns(a.stage) * 1e-9 * scale if a.kind in "BI" else 0.0
         if recompute > 0:
             ax.barh(row, recompute, left=start, height=0.8, color=COLOURS["recompute"], hatch="//",
                     edgecolor="white", linewidth=edge)

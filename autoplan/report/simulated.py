@@ -42,7 +42,7 @@ class SimulatedStep:
     def recompute_ns(self, stage: int) -> int:
         """Extra backward time of one micro-batch on ``stage`` spent recomputing activations."""
         shape, t = self.shapes[stage], self.table
-        return shape.selective * t.selective_extra_ns + shape.full * t.full_extra_ns
+        return shape.selective * t.selective_extra_ns + shape.full * (t.full_extra_ns + t.full_extra_weight_ns)
 
     def tail_ns(self, rank: int) -> tuple[float, float]:
         """(data-parallel part, optimizer step) of the work after ``rank``'s last backward, in ns."""

@@ -6,7 +6,8 @@ from autoplan.schema import Layout, Predicted
 
 
 def layout_label(x: Layout) -> str:
-    sched = x.schedule if x.schedule != "interleaved" else f"interleaved(v={x.virtual_stages})"
+    several = x.schedule == "interleaved" or (x.schedule == "zb1p" and x.virtual_stages > 1)
+    sched = f"{x.schedule}(v={x.virtual_stages})" if several else x.schedule
     flags = []
     if x.sequence_parallel:
         flags.append("sp")

@@ -25,6 +25,19 @@ def why_winner(plans: list[tuple[Layout, Predicted]]) -> str:
     return "\n".join(lines)
 
 
+def schedule_gain(schedule: str, p: Predicted, classic: str, q: Predicted | None) -> str:
+    """What a zero-bubble schedule bought the winner: against the best plan with the same parallel sizes,
+    micro-batching and stages per rank under the classic schedule ``classic`` (None: nothing fits there)."""
+    if q is None:
+        return (f"Its schedule, {schedule}, is what makes it fit: with the same sizes under {classic} no layout "
+                f"fits in {p.capacity_gib:.1f} GiB.")
+    a, b = p.time.bubble_s + p.time.pp_comm_s, q.time.bubble_s + q.time.pp_comm_s
+    return (f"Its schedule, {schedule}, against {classic} with the same sizes: pipeline bubble {b:.3f} -> {a:.3f} s, "
+            f"recomputation {q.time.recompute_s:.3f} -> {p.time.recompute_s:.3f} s, peak memory "
+            f"{q.peak_memory_gib:.1f} -> {p.peak_memory_gib:.1f} GiB; step {q.step_time_s:.3f} -> {p.step_time_s:.3f} s "
+            f"({100 * (p.step_time_s / q.step_time_s - 1):+.1f}%).")
+
+
 def _difference(a: Predicted, b: Predicted) -> str:
     ta, tb = a.time, b.time
     diffs = {"compute": tb.compute_s - ta.compute_s, "recomputation": tb.recompute_s - ta.recompute_s,

@@ -5,8 +5,9 @@ setup it was made for, so ``autoplan run plan.yaml`` needs nothing else.
 
 Naming: a *stage* is a contiguous run of transformer layers, one model chunk. With the interleaved
 schedule each pipeline *rank* holds ``virtual_stages`` stages: stage ``i`` runs on rank ``i % pp`` (the
-looped placement of Narayanan et al. 2021 and of torch's ScheduleInterleaved1F1B; ``stage_rank`` in
-schema/schedule.py decides it). Stage 0 also holds the
+looped placement of Narayanan et al. 2021 and of torch's ScheduleInterleaved1F1B), and with the V-shaped
+zero-bubble schedules (``zbv``, ``dualpipev``) rank r holds stages r and 2 pp - 1 - r; ``stage_rank`` in
+schema/schedule.py decides it. Stage 0 also holds the
 embedding, the last stage also holds the final norm and the output projection ("head"). ``layers`` is a
 half-open range ``[first, stop)`` of block indices.
 
@@ -33,12 +34,13 @@ from autoplan.schema.cluster import Cluster
 from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_LAYERS
 from autoplan.schema.model import ModelSpec
 from autoplan.schema.parallel_dims import ParallelDims
-from autoplan.schema.schedule import stage_rank
+from autoplan.schema.schedule import ZERO_BUBBLE, stage_rank
 from autoplan.schema.stack import DEFAULT_STACK, StackProfile
 from autoplan.schema.training import TrainingSetup
 
 SCHEMA_VERSION = 1
-ScheduleKind = Literal["gpipe", "1f1b", "interleaved"]
+ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "zb1p", "zbv", "dualpipev"]
+"""zb1p, zbv and dualpipev split each backward into an input and a weight part (schema/schedule.py)."""
 RecomputeMode = Literal["none", "selective", "full"]
 
 
@@ -103,7 +105,7 @@ class ParallelConfig:
                                         flag="offload")
     """Optimizer state and step on the host CPU (ZeRO-Offload / FSDP CPUOffloadPolicy)."""
     schedule: ScheduleKind = dimension("pipeline schedule", choices=get_args(ScheduleKind), estimate_needs=True)
-    virtual_stages: int = dimension("stages per pipeline rank (interleaved; 1 for gpipe and 1f1b)")
+    virtual_stages: int = dimension("stages per pipeline rank (interleaved, zb1p: 2 or more; zbv, dualpipev: 2; gpipe, 1f1b: 1)")
     """Stages per pipeline rank; 1 for gpipe and 1f1b, at least 2 for interleaved."""
     micro_batch_size: int = dimension("sequences per micro-batch", estimate_needs=True)
     num_microbatches: int = dimension("micro-batches per step per replica: global batch / (dp x micro-batch size)",
@@ -152,13 +154,29 @@ class Layout(ParallelConfig):
                 "needs tp > 1 (sequence parallel splits the norms across the TP group)")
         require(not (self.offload_optimizer and self.zero_stage == 0), "offload_optimizer",
                 "needs zero_stage >= 1 (offload moves the sharded optimizer state to the host)")
-        if self.schedule == "interleaved":
-            require(self.virtual_stages >= 2, "virtual_stages", "interleaved needs at least 2 stages per rank")
-            require(self.pp >= 2, "pp", "interleaved needs pp >= 2")
+        if self.schedule in ("interleaved", "zb1p"):
+            least = 2 if self.schedule == "interleaved" else 1
+            require(self.virtual_stages >= least, "virtual_stages",
+                    f"{self.schedule} needs at least {least} stage{'s' * (least > 1)} per rank")
+            require(self.pp >= 2, "pp", f"{self.schedule} needs pp >= 2")
             rounds = max(1, self.num_microbatches // self.pp)
             require(self.num_microbatches % rounds == 0, "num_microbatches",
-                    f"interleaved needs a multiple of {rounds} (= max(1, num_microbatches // pp))")
-        else:
+                    f"{self.schedule} needs a multiple of {rounds} (= max(1, num_microbatches // pp))")
+        if self.schedule in ZERO_BUBBLE:
+            # FSDP2 (torch 2.13) reduce-scatters a ZeRO-3 block's gradients when the block's backward hook
+            # fires, at the end of the input backward, before the weight backward has computed them: the
+            # weight gradients would be lost (measured: 4e-3 off the serial loss in 5 steps)
+            require(self.zero_stage != 3, "zero_stage",
+                    f"{self.schedule} splits each backward and ZeRO-3 (FSDP2) reduces gradients before the weight "
+                    "half runs; use zero_stage 0-2, or a 1f1b or interleaved schedule with ZeRO-3")
+        if self.schedule in ("zbv", "dualpipev"):
+            require(self.virtual_stages == 2, "virtual_stages",
+                    f"{self.schedule} places exactly 2 stages per rank in a V; write virtual_stages: 2")
+            require(self.pp >= 2, "pp", f"{self.schedule} needs pp >= 2")
+            if self.schedule == "dualpipev":
+                require(self.num_microbatches >= 2 * self.pp, "num_microbatches",
+                        f"dualpipev needs at least 2 x pp = {2 * self.pp} micro-batches")
+        if self.schedule in ("gpipe", "1f1b"):
             require(self.virtual_stages == 1, "virtual_stages",
                     f"{self.schedule} runs one stage per rank; use schedule: interleaved for more")
         if self.schedule == "1f1b":

@@ -14,6 +14,16 @@ micro-batch in 2.13, which no longer matters: we run our list, not torch's).
 
 An action prints as torch prints it: ``2F0`` is the forward of micro-batch 0 on stage 2, ``1B3`` the
 backward of micro-batch 3 on stage 1.
+
+Zero-bubble schedules (Qi et al. 2024, "Zero Bubble Pipeline Parallelism") split a backward into ``I``,
+the gradient with respect to the stage's input (what the previous stage waits for), and ``W``, the
+gradients of the stage's weights (which nothing waits for), and run the ``W`` actions in what would be
+bubbles: ``zb1p`` is torch's ScheduleInterleavedZeroBubble (ZB-H1 with one stage per rank, its interleaved
+form with more), ``zbv`` torch's ScheduleZBVZeroBubble and ``dualpipev`` its ScheduleDualPipeV (DeepSeek
+2024), both with two stages per rank placed in a V: rank r holds stages r and 2 pp - 1 - r, so the first
+and the last stage share rank 0 and the middle two share the last rank (no transfer between them).
+DualPipeV's overlapped forward-and-backward pairs run one after the other, as torch's runtime runs them
+(``OVERLAP_F_B``'s sub-actions in order); its full backwards stay ``B``.
 """
 
 from __future__ import annotations
@@ -24,7 +34,12 @@ from typing import Literal
 
 from autoplan.errors import SpecError
 
-Kind = Literal["F", "B"]
+Kind = Literal["F", "B", "I", "W"]
+"""Forward, full backward, backward of the input only, backward of the weights only (after its ``I``)."""
+ZERO_BUBBLE = ("zb1p", "zbv", "dualpipev")
+"""Schedules with split backwards (``I`` then ``W``)."""
+V_SHAPED = ("zbv", "dualpipev")
+"""Schedules with two stages per rank in a V (rank r: stages r and 2 pp - 1 - r)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -41,9 +56,12 @@ RankOrders = dict[int, list[Action]]
 
 
 def stage_rank(schedule: str, stage: int, pp: int) -> int:
-    """The pipeline rank that holds ``stage``. Every schedule here places stages in a loop: stage s on rank
-    s % pp (Narayanan et al. 2021; torch's looped schedules). The one place placement is decided: the
-    plan's checks, the cost model and the runtime's stage builder all ask here."""
+    """The pipeline rank that holds ``stage``: in a loop, stage s on rank s % pp (Narayanan et al. 2021;
+    torch's looped schedules), or in a V for ``zbv`` and ``dualpipev`` (stage s < pp on rank s, stage
+    s >= pp on rank 2 pp - 1 - s; torch's ``style="v"``). The one place placement is decided: the plan's
+    checks, the cost model and the runtime's stage builder all ask here."""
+    if schedule in V_SHAPED:
+        return stage if stage < pp else 2 * pp - 1 - stage
     return stage % pp
 
 
@@ -66,7 +84,16 @@ def build_schedule(schedule: str, pp: int, virtual_stages: int, num_microbatches
         return {r: one_f_one_b_order(r, pp, num_microbatches) for r in range(pp)}
     if schedule == "interleaved":
         return {r: interleaved_order(r, pp, virtual_stages, num_microbatches) for r in range(pp)}
-    raise SpecError(f"schedule: {schedule!r} is not one of gpipe, 1f1b, interleaved")
+    if schedule == "zb1p":
+        return {r: zb1p_order(r, pp, virtual_stages, num_microbatches) for r in range(pp)}
+    if schedule == "zbv":
+        return {r: zbv_order(r, pp, num_microbatches) for r in range(pp)}
+    if schedule == "dualpipev":
+        if num_microbatches < 2 * pp:
+            raise SpecError(f"num_microbatches: dualpipev needs at least 2 x pp = {2 * pp} micro-batches, got "
+                            f"{num_microbatches}")
+        return {r: dualpipev_order(r, pp, num_microbatches) for r in range(pp)}
+    raise SpecError(f"schedule: {schedule!r} is not one of gpipe, 1f1b, interleaved, zb1p, zbv, dualpipev")
 
 
 def gpipe_order(rank: int, m: int) -> list[Action]:
@@ -121,9 +148,142 @@ def interleaved_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
     return actions
 
 
+def zb1p_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
+    """Interleaved zero bubble (ZB1P) as torch 2.13 builds it (``ScheduleInterleavedZeroBubble``,
+    ``_get_1f1b_rank_ops(enable_zero_bubble=True)``): interleaved 1F1B's order with each backward an ``I``,
+    warm-up one forward per hop from the last rank, and each rank's ``W`` actions deferred by ``rank``
+    backwards, then one after each ``I`` (the oldest first) and the rest at the end."""
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    if m % rounds:
+        raise SpecError(f"num_microbatches: zb1p needs a multiple of {rounds}, got {m}")
+    total = v * m
+    warmup = min((v - 1) * per_round + (pp - 1 - rank), total)
+
+    def forward_stage(step: int) -> int:
+        return ((step // per_round) % v) * pp + rank
+
+    def backward_stage(step: int) -> int:
+        return (v - 1 - ((step - warmup) // per_round) % v) * pp + rank
+
+    counters: dict[tuple[int, str], int] = {}
+
+    def act(stage: int, kind: Kind) -> Action:
+        i = counters.get((stage, kind), 0)
+        counters[(stage, kind)] = i + 1
+        return Action(stage, kind, i)
+
+    actions: list[Action] = []
+    backward_steps: list[int] = []
+    weights_done = 0
+    for step in range(total + warmup):
+        if step < total:
+            actions.append(act(forward_stage(step), "F"))
+        if step >= warmup:
+            actions.append(act(backward_stage(step), "I"))
+            backward_steps.append(step)
+            if step - warmup >= rank:  # W deferred by `rank` backwards (torch's num_1f1b_microbatches)
+                actions.append(act(backward_stage(backward_steps[weights_done]), "W"))
+                weights_done += 1
+    while weights_done < len(backward_steps):
+        actions.append(act(backward_stage(backward_steps[weights_done]), "W"))
+        weights_done += 1
+    return actions
+
+
+def zbv_order(rank: int, pp: int, m: int) -> list[Action]:
+    """ZB-V (Qi et al. 2024, section 6) as torch 2.13 builds it (``ScheduleZBVZeroBubble``): stages ``rank``
+    (chunk 0) and ``2 pp - 1 - rank`` (chunk 1); the list is built for max(2 pp - 1, m) micro-batches and
+    the actions of micro-batches >= m are dropped, as torch drops them."""
+    n = max(2 * pp - 1, m)
+    c0, c1 = rank, 2 * pp - 1 - rank
+    actions: list[Action] = []
+    f0 = f1 = b0 = b1 = 0
+    for _ in range(2 * (pp - rank) - 1):
+        actions.append(Action(c0, "F", f0))
+        f0 += 1
+    for _ in range(rank):
+        actions += [Action(c1, "F", f1), Action(c0, "F", f0)]
+        f1, f0 = f1 + 1, f0 + 1
+    for _ in range(pp - rank):
+        actions += [Action(c1, "F", f1), Action(c1, "I", b1), Action(c1, "W", b1)]
+        f1, b1 = f1 + 1, b1 + 1
+    while f1 < f0 or f0 < n:
+        if f0 < n:
+            actions.append(Action(c0, "F", f0))
+            f0 += 1
+        actions += [Action(c0, "I", b0), Action(c0, "W", b0), Action(c1, "F", f1), Action(c1, "I", b1),
+                    Action(c1, "W", b1)]
+        b0, f1, b1 = b0 + 1, f1 + 1, b1 + 1
+    w0, w1 = b0, b1
+    for _ in range(rank):
+        actions += [Action(c0, "I", b0), Action(c1, "I", b1)]
+        b0, b1 = b0 + 1, b1 + 1
+    for _ in range(pp - rank):
+        actions += [Action(c0, "I", b0), Action(c0, "W", w0)]
+        b0, w0 = b0 + 1, w0 + 1
+    actions += [Action(c1, "W", i) for i in range(w1, b1)] + [Action(c0, "W", i) for i in range(w0, b0)]
+    return [a for a in actions if a.microbatch < m]
+
+
+def dualpipev_order(rank: int, pp: int, m: int) -> list[Action]:
+    """DualPipeV (DeepSeek 2024, DualPipe's V form) as torch 2.13 builds it (``ScheduleDualPipeV``), each
+    overlapped forward-and-backward pair as the two actions torch's runtime runs in turn. Needs m >= 2 pp."""
+    c0, c1 = rank, 2 * pp - 1 - rank
+    counters: dict[tuple[int, str], int] = {}
+    pending_w: list[tuple[int, int]] = []
+    actions: list[Action] = []
+
+    def add(stage: int, kind: Kind) -> None:
+        key = (stage, "I" if kind == "B" else kind)  # a full backward advances the input-backward count
+        i = counters.get(key, 0)
+        counters[key] = i + 1
+        actions.append(Action(stage, kind, i))
+        if kind == "I":
+            pending_w.append((stage, i))
+
+    def weight() -> None:
+        if pending_w:
+            stage, i = pending_w.pop(0)
+            actions.append(Action(stage, "W", i))
+
+    for _ in range(2 * (pp - rank - 1)):
+        add(c0, "F")
+    for _ in range(rank + 1):
+        add(c0, "F")
+        add(c1, "F")
+    for _ in range(pp - rank - 1):
+        add(c1, "I")
+        weight()
+        add(c1, "F")
+    for i in range(m - 2 * pp + rank + 1):
+        add(c0, "F")  # overlapped with (or, first on the last rank, followed by) chunk 1's backward
+        add(c1, "B")
+        add(c1, "F")
+        add(c0, "B")
+    for _ in range(pp - rank - 1):
+        add(c1, "B")
+        add(c1, "F")
+        add(c0, "B")
+    split = False
+    for i in range(rank + 1):
+        if i == (rank + 1) // 2 and rank % 2 == 1:
+            split = True
+        add(c1, "I" if split else "B")
+        if i == (rank + 1) // 2 and rank % 2 == 0:
+            split = True
+        add(c0, "I" if split else "B")
+    for _ in range(pp - rank - 1):
+        weight()
+        add(c0, "I" if split else "B")
+    for _ in range(rank + 1):
+        weight()
+    return actions
+
+
 def check_schedule(orders: RankOrders, schedule: str, pp: int, num_stages: int, m: int) -> None:
-    """Schedule rules: each (stage, micro-batch) forward and backward exactly once, on the stage's rank,
-    forward before backward on that rank, and micro-batches in order per stage and kind."""
+    """Schedule rules: each (stage, micro-batch) runs its forward and either one full backward or an input
+    backward and then a weight backward, each exactly once, on the stage's rank, the forward first."""
     for rank, actions in orders.items():
         seen = set()
         for a in actions:
@@ -132,11 +292,15 @@ def check_schedule(orders: RankOrders, schedule: str, pp: int, num_stages: int, 
                 raise AssertionError(f"rank {rank} runs {a}, which belongs to rank {owner}")
             if a in seen:
                 raise AssertionError(f"rank {rank} runs {a} twice")
-            if a.kind == "B" and Action(a.stage, "F", a.microbatch) not in seen:
+            if a.kind in "BI" and Action(a.stage, "F", a.microbatch) not in seen:
                 raise AssertionError(f"rank {rank} runs {a} before its forward")
+            if a.kind == "W" and Action(a.stage, "I", a.microbatch) not in seen:
+                raise AssertionError(f"rank {rank} runs {a} before its input backward")
             seen.add(a)
-        expected = {Action(s, k, i) for s in stages_of_rank(schedule, rank, pp, num_stages // pp) for k in "FB"
-                    for i in range(m)}
-        if seen != expected:
-            missing = sorted(expected - seen)[:3]
-            raise AssertionError(f"rank {rank} misses {', '.join(map(str, missing))}")
+        for s in stages_of_rank(schedule, rank, pp, num_stages // pp):
+            for i in range(m):
+                full, split = Action(s, "B", i) in seen, Action(s, "I", i) in seen and Action(s, "W", i) in seen
+                if Action(s, "F", i) not in seen or full == split:
+                    raise AssertionError(f"rank {rank}: stage {s} micro-batch {i} needs F and one of B or I + W")
+        if len(seen) != sum(2 + (Action(a.stage, "I", a.microbatch) in seen) for a in seen if a.kind == "F"):
+            raise AssertionError(f"rank {rank} runs actions of micro-batches outside 0..{m - 1}")

@@ -41,16 +41,17 @@ from autoplan.search.recompute import Pin, lower_bound_ns
 
 
 def group_lower_bound_ns(workload: Workload, host: HostModel, pp: int, num_microbatches: int,
-                         schedules: Sequence[tuple[int, int]]) -> int:
-    """``schedules``: (virtual stages, fewest layers of a stage) of each schedule the group has; ``host``:
-    the cluster's host model, whose least layer times hold for every configuration of the group."""
+                         schedules: Sequence[tuple[int, int, bool]]) -> int:
+    """``schedules``: (virtual stages, fewest layers of a stage, whether it splits backwards) of each
+    schedule the group has; ``host``: the cluster's host model, whose least layer times hold for every
+    configuration of the group."""
     block = host.least_layer_times(workload.block)
     work = workload.num_layers * (block.fwd_ns + block.bwd_ns)
     for layer in (workload.embedding, workload.head):
         times = host.least_layer_times(layer)
         work += times.fwd_ns + times.bwd_ns
-    pipeline = min(_pipeline_ns(work, block.fwd_ns + block.bwd_ns, num_microbatches, pp, v, least)
-                   for v, least in schedules)
+    pipeline = min(_pipeline_ns(work, block.fwd_ns + block.bwd_ns, num_microbatches, pp, v, least, split,
+                                block.fwd_ns) for v, least, split in schedules)
     return int(pipeline * (1 - 1e-9))
 
 
@@ -78,15 +79,30 @@ def config_lower_bound_ns(t: StageTable, min_layers: int = 1) -> int:
     m, p, L = c.num_microbatches, c.pp, t.num_layers
     block = t.block.fwd_ns + t.block.bwd_ns
     work = L * block + t.embedding.fwd_ns + t.embedding.bwd_ns + t.head.fwd_ns + t.head.bwd_ns
-    pipeline = _pipeline_ns(work, block, m, p, c.virtual_stages, min_layers)
+    pipeline = _pipeline_ns(work, block, m, p, c.virtual_stages, min_layers, t.split_backward, t.block.fwd_ns)
+    if t.split_backward:  # the chain of forwards and input backwards (``_pipeline_ns``)
+        x_block = block - t.block.wgt_ns
+        x_work = L * x_block + t.embedding.fwd_ns + t.head.fwd_ns + t.head.bwd_ns - t.head.wgt_ns
+        pipeline = max(pipeline, _pipeline_ns(x_work, x_block, m, p, c.virtual_stages, min_layers))
     tails = L * (t.gather_block_ns + t.optim_block_ns) + t.gather_embedding_ns + t.gather_head_ns
     tails += t.optim_embedding_ns + t.optim_head_ns
     # floating point on sums of integers: a relative 1e-9 below keeps the bound below the integer truth
     return int(max(pipeline, (m * work + tails) / p) * (1 - 1e-9))
 
 
-def _pipeline_ns(work: int, block: int, m: int, p: int, v: int, min_layers: int) -> float:
-    """The configuration bound's pipeline term (module docstring), at least m x work / p."""
+def _pipeline_ns(work: int, block: int, m: int, p: int, v: int, min_layers: int, split: bool = False,
+                 block_fwd: int = 0) -> float:
+    """The configuration bound's pipeline term (module docstring), at least m x work / p. A schedule that
+    splits backwards (zero bubble) may run a rank's weight backwards while the stages in front still run
+    their input backwards, so the chain argument after a rank's last action does not hold; the one before
+    its first does: rank r starts with the forward of stage r (looped or V placement), after the forwards
+    of r stages of at least ``min_layers`` layers, so the average over ranks of (that wait + the rank's
+    work) gives T >= m W / p + (p - 1) / 2 x min_layers x block forward (``split``). The chain argument
+    holds for the forwards and input backwards alone (every rank's last input backward is of its first
+    stage, r: the stages in front still run theirs after it), which the caller gets by passing their work
+    as ``work`` and ``block`` without ``split``."""
+    if split:
+        return m * work / p + (p - 1) / 2 * min_layers * block_fwd
     if v == 1:
         return work / (1 - (1 - 1 / m) ** p) if m > 1 else work
     return max(work, m * work / p + (p - 1) / 2 * min_layers * block)
@@ -125,7 +141,8 @@ def simulated_lower_bound_ns(terms: LayoutTerms, low: Sequence[int], high: Seque
     fwd, bwd = terms.stage_times(low, zeros, zeros)
     most = max(terms.sel_ns, terms.full_ns)
     widest = [b + k * most for b, k in zip(terms.stage_times(high, zeros, zeros)[1], high)]
-    ends = rank_ends(compiled(terms.table.orders, terms.num_stages), fwd, bwd, terms.p2p, terms.late_receive)
+    ends = rank_ends(compiled(terms.table.orders, terms.num_stages), fwd, bwd, terms.p2p, terms.late_receive,
+                     terms.stage_weights(low))
     return max(ends[rank.rank] + _tail(rank, sum(low[s] for s in rank.stages), widest, 0) for rank in terms.ranks)
 
 
@@ -150,12 +167,13 @@ def _relaxed_bound(terms: LayoutTerms, low: Sequence[int], high: Sequence[int], 
 
 def layout_lower_bound_ns(terms: LayoutTerms, shapes: Sequence[StageShape]) -> int:
     n = [s.layers for s in shapes]
-    fwd, bwd = terms.stage_times(n, [s.selective for s in shapes], [s.full for s in shapes])
-    return _pipeline_bound(terms, n, fwd, bwd, bwd, bwd, None)
+    full = [s.full for s in shapes]
+    fwd, bwd = terms.stage_times(n, [s.selective for s in shapes], full)
+    return _pipeline_bound(terms, n, fwd, bwd, bwd, bwd, None, full)
 
 
 def _pipeline_bound(terms: LayoutTerms, n: Sequence[int], fwd: list[int], bwd: list[int], window: list[int],
-                    widest: list[int], recompute: list[int] | None) -> int:
+                    widest: list[int], recompute: list[int] | None, full: Sequence[int] | None = None) -> int:
     """``n``, ``fwd``, ``bwd``: at most the true layers and stage times, recomputation excluded when
     ``recompute`` holds per-rank lower bounds on it per micro-batch (None: ``bwd`` is exact). ``window``:
     at least each stage's backward without recomputation, for the overlap windows of a rank's own tail,
@@ -163,10 +181,14 @@ def _pipeline_bound(terms: LayoutTerms, n: Sequence[int], fwd: list[int], bwd: l
     ``widest``: at least each stage's backward with recomputation, for rank 0's tail, which ends every
     chain."""
     m, p2p = terms.num_microbatches, terms.p2p
+    # split backwards: the chain after a rank's last input backward runs the input backwards of the stages
+    # in front (at least the low layers' share: it grows with layers), and the rank's busy time up to it
+    # leaves out the weight backwards (``_pipeline_ns``)
+    inputs = [b - w for b, w in zip(bwd, terms.stage_weights(n, full))] if terms.split else bwd
     head, chain = [0], [0]
     for s in range(terms.num_stages - 1):
         head.append(head[-1] + fwd[s] + p2p[s])
-        chain.append(chain[-1] + bwd[s] + p2p[s])
+        chain.append(chain[-1] + inputs[s] + p2p[s])
 
     rank0 = terms.ranks[0]
     tail0 = _tail(rank0, sum(n[s] for s in rank0.stages), widest, 0)
@@ -175,7 +197,12 @@ def _pipeline_bound(terms: LayoutTerms, n: Sequence[int], fwd: list[int], bwd: l
         layers = sum(n[s] for s in rank.stages)
         r = recompute[i] if recompute is not None else 0
         end = head[rank.first_stage] + m * (sum(fwd[s] + bwd[s] for s in rank.stages) + r)
-        bound = max(bound, end + _tail(rank, layers, window, r), end + chain[rank.last_stage] + tail0)
+        # split: r may be the weight backward's reruns of a recomputed block, which come after the last input
+        # backward; leave it out there
+        to_last_input = head[rank.first_stage] + m * (sum(fwd[s] + inputs[s] for s in rank.stages)
+                                                      + (0 if terms.split else r))
+        bound = max(bound, end + _tail(rank, layers, window, r),
+                    to_last_input + chain[rank.last_input_stage] + tail0)
     return bound
 
 

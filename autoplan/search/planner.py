@@ -34,6 +34,7 @@ from autoplan.cost.stage_table import Config, StageTable
 from autoplan.cost.tables import build_table, host_model
 from autoplan.cost.workload import Workload, WorkloadFn
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup
+from autoplan.schema.schedule import ZERO_BUBBLE
 from autoplan.search.bounds import (
     config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns,
     layout_lower_bound_ns, simulated_lower_bound_ns, split_lower_bound_ns, states_fit,
@@ -180,11 +181,11 @@ class _Run:
                 continue
             self.considered += len(states) * len(schedules)
             trim = self.limits.max_edge_trim
-            shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, trim)))
-                      for _, v in schedules}
+            shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, trim)), kind in ZERO_BUBBLE)
+                      for kind, v in schedules}
             workload = self.workload(group)
             if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp_cp, states,
-                                 min(least for _, least in shapes)):
+                                 min(least for _, least, _ in shapes)):
                 continue
             key = group_lower_bound_ns(workload, self.host, group.pp, group.num_microbatches, sorted(shapes))
             push(key, _GROUP, group)

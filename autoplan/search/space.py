@@ -7,7 +7,9 @@ and 2 * cp dividing the sequence, for a model spec with flash attention and drop
 value with tp * cp * pp dividing the devices (dp is the rest); sequence parallel on/off when tp > 1; ZeRO 0-3
 when dp * cp > 1 (ZeRO shards over the dp x cp ranks that hold the same parameters); optimizer offload with ZeRO >= 1 on GPUs; every micro-batch
 size dividing the per-replica batch that leaves at most ``max_microbatches`` micro-batches; GPipe, 1F1B
-(needs m >= pp) and interleaved 1F1B with 2 to ``max_virtual_stages`` stages per rank; at most
+(needs m >= pp), interleaved 1F1B with 2 to ``max_virtual_stages`` stages per rank, and the zero-bubble
+schedules (``SEARCHED_SCHEDULES``): zb1p with 1 to ``max_virtual_stages``, zbv and dualpipev (m >= 2 pp)
+with 2; at most
 ``max_stage_microbatches`` stage forwards per step (m x stages, which sizes the action lists). Pins
 (``Pins``) fix any of these.
 
@@ -42,10 +44,13 @@ from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, ParallelDims, TrainingSetup
 from autoplan.schema.plan import context_parallel_refusal, parallel_dimensions
+from autoplan.schema.schedule import ZERO_BUBBLE
 
 # Sizes no cluster or model has; beyond them the planner refuses instead of enumerating. The largest
 # training clusters today have about 10^5 devices, the deepest models about 10^2 layers, the largest
 # global batches about 10^4 sequences and the longest training contexts about 10^6 tokens.
+SEARCHED_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb1p", "zbv", "dualpipev")
+"""Every schedule the search considers when none is pinned (pp > 1)."""
 MAX_DEVICES = 2**20
 MAX_DEVICES_PER_NODE = 2**10
 MAX_LAYERS = 2**12
@@ -76,6 +81,9 @@ class SearchLimits:
     """Micro-batches per step per replica: beyond a thousand the bubble is gone and only the lists grow."""
     max_stage_microbatches: int = 2**16
     """Micro-batches times stages: the number of forwards in a schedule's action lists."""
+    schedules: tuple[str, ...] = SEARCHED_SCHEDULES
+    """The schedules searched when none is pinned (pp > 1); benchmarks/zero_bubble_plans.py compares the
+    classic three with all six."""
     max_cp: int = 32
     """Context-parallel ranks: twice the 16 Llama 3 used for its 128k-token training stage (Dubey et al.
     2024, section 3.3.2); beyond that a rank's chunks shrink below the kernels' efficient lengths while
@@ -233,6 +241,8 @@ def group_configs(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
     states, schedules = group_choices(group, cluster, pins, num_layers, limits)
     for zero, offload in states:
         for schedule, v in schedules:
+            if zero == 3 and schedule in ZERO_BUBBLE:  # refused by the plan (schema/plan.py)
+                continue
             yield Config(tp=g.tp, pp=g.pp, dp=g.dp, cp=g.cp, sequence_parallel=g.sequence_parallel, zero_stage=zero,
                          offload_optimizer=offload, schedule=schedule, virtual_stages=v,
                          micro_batch_size=g.micro_batch_size, num_microbatches=g.num_microbatches)
@@ -267,19 +277,27 @@ def _micro_batches(pin: int | None, per_replica: int, max_microbatches: int) -> 
 
 
 def _schedules(pins: Pins, pp: int, m: int, layers: int, limits: SearchLimits) -> Iterator[tuple[str, int]]:
-    kinds = [pins.schedule] if pins.schedule else (["1f1b"] if pp == 1 else ["gpipe", "1f1b", "interleaved"])
+    kinds = [pins.schedule] if pins.schedule else (["1f1b"] if pp == 1 else list(limits.schedules))
     for kind in kinds:
         if kind == "1f1b" and m < pp:
             continue
-        if kind != "interleaved":
+        if kind in ("gpipe", "1f1b"):
             if pins.virtual_stages in (None, 1) and m * pp <= limits.max_stage_microbatches:
                 yield kind, 1
             continue
-        if pp < 2 or m % max(1, m // pp):
+        if pp < 2 or (kind == "dualpipev" and m < 2 * pp):
             continue
-        vs = [pins.virtual_stages] if pins.virtual_stages else range(2, limits.max_virtual_stages + 1)
+        if kind in ("zbv", "dualpipev"):
+            vs = [2]
+        elif m % max(1, m // pp):
+            continue
+        else:  # interleaved from 2 stages per rank, zb1p from 1 (ZB-H1)
+            least = 2 if kind == "interleaved" else 1
+            vs = range(least, limits.max_virtual_stages + 1)
+        if pins.virtual_stages:
+            vs = [v for v in vs if v == pins.virtual_stages]
         for v in vs:
-            if v >= 2 and pp * v <= layers and m * pp * v <= limits.max_stage_microbatches:
+            if pp * v <= layers and m * pp * v <= limits.max_stage_microbatches:
                 yield kind, v
 
 

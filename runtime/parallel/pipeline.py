@@ -8,7 +8,11 @@ One schedule source: the per-rank compute lists come from ``autoplan.schema.sche
 -- the very lists the cost model simulates -- and are handed to torch.distributed.pipelining's
 ``_PipelineScheduleRuntime`` (``_prepare_schedule_with_comms``: torch's lowering passes add the sends,
 receives, FSDP unshard/reshard and the once-per-step gradient reduction, then its interpreter runs
-them). So the executed compute order equals the simulated one for GPipe, 1F1B and interleaved 1F1B.
+them). So the executed compute order equals the simulated one for every schedule: GPipe, 1F1B,
+interleaved 1F1B and the zero-bubble ones, whose split backwards are torch's BACKWARD_INPUT and
+BACKWARD_WEIGHT actions (stage.py ``backward_one_chunk(full_backward=False)`` keeps the graph for
+``backward_weight_one_chunk``), and whose V placement torch derives from the lists
+(``_validate_schedule``: the rank that runs a stage's actions holds it).
 Why the private class: torch 2.13 exposes running a caller's action list only there (``_load_csv``
 reads the same lists from a file); its public GPipe/1F1B classes keep their own hand-written loops.
 """
@@ -27,7 +31,8 @@ from autoplan.schema.schedule import build_schedule
 from runtime.mesh import ParallelMesh
 from runtime.models.dropout import DropoutState
 
-KINDS = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+KINDS = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD, "I": _ComputationType.BACKWARD_INPUT,
+         "W": _ComputationType.BACKWARD_WEIGHT}
 
 
 @dataclass(frozen=True)

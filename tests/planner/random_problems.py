@@ -26,7 +26,7 @@ def random_problem(rng: random.Random):
     memory = rng.choice([0.02, 0.05, 0.2, 80.0])
     cluster = dataclasses.replace(cluster, device=dataclasses.replace(DEVICE, memory_gib=memory))
     pins = Pins(recompute=rng.choice([None, None, "full", "none", "selective"]),
-                schedule=rng.choice([None, None, "1f1b", "interleaved"]))
+                schedule=rng.choice([None, None, "1f1b", "interleaved", "zb1p", "zbv", "dualpipev"]))
     return model, cluster, training, pins
 
 

@@ -17,6 +17,8 @@ from autoplan.search.bounds import (
 from autoplan.search.recompute import cheapest_recompute, choice_cost_ns, lower_bound_ns, rank_choice, stage_choices
 from autoplan.search.space import SearchLimits, configs, group_choices, group_configs, groups, stage_splits
 
+from autoplan.schema.schedule import ZERO_BUBBLE
+
 from .random_problems import random_problem, workload_of
 
 INF = float("inf")
@@ -32,8 +34,8 @@ def check_problem(model, cluster, training, pins) -> int:
         states, schedules = group_choices(group, cluster, pins, model.num_layers, limits)
         if not states or not schedules:
             continue
-        shapes = sorted({(v, min(min(s) for s in stage_splits(model.num_layers, group.pp * v, 2)))
-                         for _, v in schedules})
+        shapes = sorted({(v, min(min(s) for s in stage_splits(model.num_layers, group.pp * v, 2)), kind in ZERO_BUBBLE)
+                         for kind, v in schedules})
         group_best = INF
         for config in group_configs(group, cluster, pins, model.num_layers, limits):
             table = build_table(workload, cluster, training, config)
@@ -77,7 +79,7 @@ def check_problem(model, cluster, training, pins) -> int:
                 assert simulated_lower_bound_ns(terms, *family_range(splits)) <= config_best
             group_best = min(group_best, config_best)
         assert group_can_fit(workload, cluster, training, group.pp, group.dp, states,
-                             min(least for _, least in shapes)) or group_best == INF
+                             min(least for _, least, _ in shapes)) or group_best == INF
         if group_best < INF:
             assert group_lower_bound_ns(workload, host_model(cluster), group.pp, group.num_microbatches,
                                         shapes) <= group_best

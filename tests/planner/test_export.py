@@ -63,6 +63,8 @@ LAYOUTS = {
                                       "--schedule", "1f1b", "--recompute", "none"],
     "ddp tp 8, full": ["--nodes", "2", "--tp", "8", "--pp", "1", "--sequence-parallel", "--zero-stage", "0",
                   "--schedule", "1f1b", "--recompute", "full"],
+    "pp4 zbv, ZeRO 2, no recompute": ["--nodes", "2", "--tp", "2", "--pp", "4", "--sequence-parallel", "--zero-stage",
+                                      "2", "--schedule", "zbv", "--virtual-stages", "2", "--recompute", "none"],
 }
 
 
@@ -81,7 +83,8 @@ def test_torchtitan_loads_the_job_file_with_the_plans_layout(tmp_path, name):
         assert [[f for f in part if f.startswith("layers.")] for part in p.module_fqns_per_model_part] == \
             [[f"layers.{i}" for i in range(*s.layers)] for s in plan.stages]
         assert job.training.local_batch_size // p.pipeline_parallel_microbatch_size == plan.num_microbatches
-        assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}[plan.schedule]
+        assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "interleaved": "Interleaved1F1B",
+                                                "zbv": "ZBVZeroBubble"}[plan.schedule]
     else:  # gradient accumulation over the plan's micro-batches
         assert job.training.global_batch_size // (job.training.local_batch_size * plan.dp) == plan.num_microbatches
     mode = name.rsplit(", ", 1)[1].replace("no recompute", "none")
@@ -116,6 +119,12 @@ def test_refusals_are_one_line_with_exit_status_2(tmp_path, capsys):
     assert main(["export", str(path), "--to", "torchtitan"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("autoplan export: error: zero_stage:") and "nearest: --zero-stage 2" in err[-1]
+    path, _ = _plan(tmp_path, "--nodes", "1", "--tp", "2", "--pp", "2", "--zero-stage", "1", "--schedule", "dualpipev",
+                    "--virtual-stages", "2")
+    assert main(["export", str(path), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("autoplan export: error: schedule: Megatron-LM runs 1F1B and interleaved 1F1B, not "
+                              "dualpipev")
 
 
 def _core_fields() -> dict[str, set[str]]:
@@ -142,6 +151,8 @@ def _core_fields() -> dict[str, set[str]]:
 def test_megatron_arguments_name_real_core_config_fields(tmp_path, name):
     fields = _core_fields()
     _, plan = _plan(tmp_path, *LAYOUTS[name], "--precision", "fp8")
+    if plan.schedule == "zbv":
+        pytest.skip("Megatron-LM runs no zero-bubble schedule: refused (test_refusals_are_one_line_with_exit_status_2)")
     args = megatron_arguments(plan)
     for a in args:
         if a.field is None:

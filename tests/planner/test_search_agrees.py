@@ -46,7 +46,7 @@ def agree_on(problems: int) -> tuple[int, int]:
 def test_bnb_and_bruteforce_agree_on_20_random_problems():
     """The fast lane's share: the first 20 problems of the 200 below (a few seconds)."""
     agreed, infeasible = agree_on(20)
-    assert agreed >= 15 and infeasible >= 1
+    assert agreed >= 10 and infeasible >= 1  # a pinned zero-bubble schedule needs pp >= 2: some have no plan
 
 
 def test_bnb_and_bruteforce_agree_with_context_parallelism():
@@ -74,7 +74,7 @@ def test_bnb_and_bruteforce_agree_with_context_parallelism():
 @pytest.mark.slow
 def test_bnb_and_bruteforce_agree_on_200_random_problems():
     agreed, infeasible = agree_on(200)
-    assert agreed >= 150  # most problems have a plan, so the comparison is not vacuous
+    assert agreed >= 120  # most problems have a plan, so the comparison is not vacuous
     assert infeasible >= 5  # and memory limits bite in some
 
 

@@ -32,6 +32,11 @@ CASES: dict[int, dict[str, dict]] = {
         # positions (gpt) and rotary angles (llama) at each token's global position
         "gpt_cp2": dict(cp=2),
         "llama_cp2": dict(model="llama-tiny", cp=2, learning_rate=1e-3),
+        # zero bubble: split backwards (torch's BACKWARD_INPUT / BACKWARD_WEIGHT); zbv and dualpipev put
+        # stages 0 and 3 on rank 0 in a V, so gpt-tiny's tied embedding and head copy share a rank
+        "pp2_zb1p": dict(pp=2, schedule="zb1p", num_microbatches=4),
+        "pp2_zbv": dict(pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4),
+        "pp2_dualpipev": dict(pp=2, schedule="dualpipev", virtual_stages=2, num_microbatches=4),
     },
     4: {
         "tp4": dict(tp=4),
@@ -58,6 +63,17 @@ CASES: dict[int, dict[str, dict]] = {
         "gpt_cp2_tp2_sp": dict(cp=2, tp=2, sp=True),
         "llama_cp2_dp2_zero3": dict(model="llama-tiny", cp=2, dp=2, zero=3, micro_batch_size=1, learning_rate=1e-3),
         "gpt_cp2_pp2_1f1b": dict(cp=2, pp=2, schedule="1f1b", num_microbatches=2),
+        # zero bubble with TP (+SP), ZeRO-1 and recomputation; issue 32's list
+        "pp4_zb1p": dict(pp=4, schedule="zb1p", num_microbatches=4),
+        "llama_tp2_pp2_zb1p_v2": dict(model="llama-tiny", tp=2, pp=2, schedule="zb1p", virtual_stages=2,
+                                      num_microbatches=4, learning_rate=1e-3),
+        "gpt_tp2_sp_pp2_zbv": dict(tp=2, sp=True, pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4),
+        "llama_pp2_dp2_zero1_zbv": dict(model="llama-tiny", pp=2, dp=2, zero=1, schedule="zbv", virtual_stages=2,
+                                        num_microbatches=4, learning_rate=1e-3),
+        "gpt_pp2_dp2_zero1_dualpipev_recompute": dict(pp=2, dp=2, zero=1, schedule="dualpipev", virtual_stages=2,
+                                                      num_microbatches=4, **RECOMPUTE),
+        "llama_tp2_pp2_dualpipev": dict(model="llama-tiny", tp=2, pp=2, schedule="dualpipev", virtual_stages=2,
+                                        num_microbatches=4, learning_rate=1e-3),
     },
     8: {
         "tp8": dict(tp=8),

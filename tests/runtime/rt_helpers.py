@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from autoplan.schema import ModelSpec, Plan, Stage, TrainingSetup, check_fits, load_cluster, load_model
+from autoplan.schema.schedule import stage_rank
 
 
 def even_sizes(num_layers: int, num_stages: int) -> list[int]:
@@ -30,7 +31,7 @@ def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, d
     stages, start = [], 0
     for i, n in enumerate(sizes):
         layers = range(start, start + n)
-        stages.append(Stage(index=i, rank=i % pp, layers=(start, start + n),
+        stages.append(Stage(index=i, rank=stage_rank(schedule, i, pp), layers=(start, start + n),
                             full_recompute=tuple(k for k in full if k in layers),
                             selective_recompute=tuple(k for k in selective if k in layers)))
         start += n

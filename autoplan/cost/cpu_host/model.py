@@ -50,8 +50,9 @@ class SharedCoresHost(HostModel):
         def least(total_s: float, host_s: float, tp_s: float) -> int:
             return ns((total_s - host_s) * kernel + host_s * host + tp_s)
 
-        return LayerTimes(least(layer.fwd_s, layer.host_fwd_s, layer.tp_fwd_s),
-                          least(layer.bwd_s, layer.host_bwd_s, layer.tp_bwd_s))
+        bwd = least(layer.bwd_s, layer.host_bwd_s, layer.tp_bwd_s)
+        return LayerTimes(least(layer.fwd_s, layer.host_fwd_s, layer.tp_fwd_s), bwd,
+                          min(bwd, ns(layer.bwd_weight_s * kernel)))
 
     def apply(self, table: StageTable, workload: Workload, training: TrainingSetup) -> StageTable:
         cluster, c = self.cluster, table.config
@@ -63,8 +64,9 @@ class SharedCoresHost(HostModel):
 
         def times(layer: LayerCost) -> LayerTimes:
             unit = fsdp(layer.params)
-            return LayerTimes(ns(share.scaled_s(layer.fwd_s, layer.host_fwd_s) + layer.tp_fwd_s + unit.fwd_s),
-                              ns(share.scaled_s(layer.bwd_s, layer.host_bwd_s) + layer.tp_bwd_s + unit.bwd_s))
+            bwd = ns(share.scaled_s(layer.bwd_s, layer.host_bwd_s) + layer.tp_bwd_s + unit.bwd_s)
+            return LayerTimes(ns(share.scaled_s(layer.fwd_s, layer.host_fwd_s) + layer.tp_fwd_s + unit.fwd_s), bwd,
+                              min(bwd, ns(layer.bwd_weight_s * share.pipeline)))
 
         def optim_ns(params: float, layer: LayerCost, extra_tensors: int = 0) -> int:
             shard = optimizer_shard(params, c)
@@ -83,6 +85,9 @@ class SharedCoresHost(HostModel):
             block=times(block), embedding=times(workload.embedding), head=times(workload.head),
             selective_extra_ns=ns(block.selective_extra_s * share.pipeline),
             full_extra_ns=ns(share.scaled_s(block.fwd_s, block.host_fwd_s) + block.tp_fwd_s + block.cp_fwd_s),
+            full_extra_weight_ns=(block.weight_groups * ns(share.scaled_s(block.fwd_s, block.host_fwd_s)
+                                                           + block.tp_fwd_s + block.cp_fwd_s)
+                                  if table.split_backward else 0),
             overlap_grad_reduce=False, share=share,
         )
         if zero:  # one gather and one reduce-scatter per unit where the runtime issues them

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from autoplan.cost.simulate import compiled
+from autoplan.cost.simulate import compiled, slot_durations
 from autoplan.schema.schedule import RankOrders
 
 
@@ -41,7 +41,7 @@ def shared_span(orders: RankOrders, fwd: Sequence[float], bwd: Sequence[float], 
     g = compiled(orders, num_stages)
     pp = len(orders)
     nodes = list(node_of) if node_of is not None else [0] * pp
-    durations = list(fwd) + list(bwd)
+    durations = slot_durations(fwd, bwd, None)  # a split backward's input half takes it all (W = 0)
     transfer = list(p2p) + [0.0]
     lists: dict[int, list[int]] = {r: [] for r in orders}
     for i, rank in enumerate(g.ranks):
