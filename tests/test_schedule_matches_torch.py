@@ -152,16 +152,11 @@ EXECUTED = [(2, "pp2_gpipe"), (2, "pp2_1f1b"), (2, "pp2_interleaved_v2"), (2, "p
             (4, "llama_tp2_pp2_zb1p_v2"), (4, "gpt_pp2_dp2_zero1_dualpipev_recompute")]
 
 
-def as_recorded(actions: list[str]) -> list[str]:
-    """What the worker's hooks record of a list: forwards, and a backward ("B") when the stage's output
-    gradient arrives, which is when a full or an input backward runs; a weight backward leaves no trace."""
-    return [a.replace("I", "B") for a in actions if "W" not in a]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("world", "name"), EXECUTED, ids=[n for _, n in EXECUTED])
 def test_executed_order_matches(world, name):
     from rt_cases import CASES
+    from rt_helpers import as_recorded
     from rt_launcher import matrix_results
 
     kw = CASES[world][name]

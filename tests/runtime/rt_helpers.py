@@ -13,6 +13,12 @@ def even_sizes(num_layers: int, num_stages: int) -> list[int]:
     return [base + (i < extra) for i in range(num_stages)]
 
 
+def as_recorded(actions: list[str]) -> list[str]:
+    """What rt_worker.py's hooks record of an action list: forwards, and a backward ("B") when the stage's
+    output gradient arrives, which is when a full or an input backward runs; a weight backward leaves no trace."""
+    return [a.replace("I", "B") for a in actions if "W" not in a]
+
+
 def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, dp: int = 1, *, cp: int = 1,
               schedule: str = "1f1b",
               virtual_stages: int = 1, stage_sizes: list[int] | None = None, full: tuple[int, ...] = (),

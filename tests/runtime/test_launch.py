@@ -4,6 +4,7 @@ traceback, no hang), and `autoplan run` trains a hand-made plan on the shipped t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -27,7 +28,9 @@ def launch_single(*args: str) -> subprocess.CompletedProcess:
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str, ranks: int = 1) -> None:
     assert proc.returncode != 0
-    lines = [l for l in proc.stderr.splitlines() if "runtime.launch (rank" in l and "error:" in l]
+    # one error per rank; ranks write at once, so two may share a line of the captured stderr
+    lines = [m.group(0) for m in re.finditer(r"runtime\.launch \(rank \d+\): error: .*?(?=runtime\.launch \(rank|$)",
+                                             proc.stderr, flags=re.M)]
     assert len(lines) == ranks, proc.stderr[-3000:]
     # no traceback from our code (torchrun itself prints its ChildFailedError traceback after a rank fails)
     assert not any('File "' in l and ("/runtime/" in l or "/autoplan/" in l) for l in proc.stderr.splitlines())

@@ -25,7 +25,7 @@ import pytest
 from autoplan.schema import dump_plan, load_model, load_plan
 from autoplan.schema._io import dump_yaml
 from autoplan.schema.schedule import build_schedule
-from rt_helpers import make_plan, serial_run
+from rt_helpers import as_recorded, make_plan, serial_run
 from rt_launcher import job_results
 from rt_plans import COUNTS, FAST_COUNT, REQUIRED, REQUIRED_FEATURES, STEPS, draw_plans, features, planner_plan
 
@@ -58,7 +58,7 @@ def check(path: Path, got: dict) -> dict:
     assert loss_diff <= 1e-5, (path.name, got["losses"], losses)
     assert norm_diff <= 1e-5, (path.name, got["grad_norms"], norms)
     if plan.num_stages > 1:
-        expected = {r: [str(a) for a in acts] for r, acts in
+        expected = {r: as_recorded([str(a) for a in acts]) for r, acts in
                     build_schedule(plan.schedule, plan.pp, plan.virtual_stages, plan.num_microbatches).items()}
         assert {int(r): acts for r, acts in got["orders"].items()} == expected, path.name
     return {"plan": path.name, "loss": loss_diff, "norm": norm_diff, "features": sorted(features(plan))}
