@@ -28,6 +28,7 @@ import json
 
 from autoplan.export.common import ExportError, describe_recompute, stage_recompute, uniform_mode
 from autoplan.schema import Plan
+from autoplan.schema.schedule import ZERO_BUBBLE
 
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb1p": "InterleavedZeroBubble",
              "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
@@ -107,6 +108,10 @@ def torchtitan_toml(plan: Plan) -> str:
         raise ExportError(f"training.optimizer: torchtitan's default optimizer is AdamW, not {t.optimizer}; "
                           "nearest: --optimizer adamw")
     stack = plan.stack_name
+    if stack.startswith("torchtitan-compile") and plan.schedule in ZERO_BUBBLE:
+        # torch's split-backward schedules refuse compiled stages (_check_torch_compile_compatibility)
+        raise ExportError(f"schedule: torch runs {SCHEDULES[plan.schedule]} without torch.compile only, and this plan "
+                          f"is for {stack}; re-plan with --stack torchtitan, or a 1f1b or interleaved schedule")
     flavor, flavor_notes = _flavor(plan)
     per_replica = t.global_batch_size // plan.dp
     sections: dict[str, dict] = {

@@ -125,6 +125,10 @@ def test_refusals_are_one_line_with_exit_status_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("autoplan export: error: schedule: Megatron-LM runs 1F1B and interleaved 1F1B, not "
                               "dualpipev")
+    path, _ = _plan(tmp_path, "--nodes", "1", "--tp", "2", "--pp", "2", "--sequence-parallel", "--zero-stage", "2",
+                    "--schedule", "zbv", "--virtual-stages", "2", "--stack", "torchtitan-compile")
+    assert main(["export", str(path), "--to", "torchtitan"]) == 2  # torch's split-backward schedules refuse compile
+    assert "without torch.compile only" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def _core_fields() -> dict[str, set[str]]:
