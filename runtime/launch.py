@@ -11,6 +11,7 @@ import os
 import sys
 
 from autoplan.errors import SpecError
+from autoplan.schema.training import KNOB_FLAGS
 from runtime.train.watchdog import DEFAULT_TIMEOUT_S, PEER_LOST_EXIT, TIMEOUT_EXIT, report
 
 
@@ -19,7 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan YAML written by `autoplan plan`")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps to run in total (default 20)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="override: default nccl with CUDA, else gloo")
-    p.add_argument("--data", help="token file: flat uint16 little-endian token ids (default: seeded synthetic)")
+    p.add_argument("--data", help="token file (uint16 or uint32 ids, described by FILE.json; runtime/train/data.py); "
+                   "default: seeded synthetic tokens")
     p.add_argument("--metrics", help="append one JSON line per step to this file (rank 0)")
     p.add_argument("--checkpoint-dir", help="folder for DCP checkpoints (step_N/ with a COMPLETE marker)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0: never)")
@@ -31,7 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "Chrome/Perfetto trace written by rank 0 (runtime/train/phase_clock.py)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds a collective or pipeline action may wait before the job ends (default 300)")
+    for flag, name in KNOB_FLAGS.items():  # autoplan run's training knobs, passed on (launcher/knobs.py)
+        p.add_argument(flag, dest=f"knob_{name}", type=_knob_type(name),
+                       help=f"override the plan's training.{name} for this run")
     return p
+
+
+def _knob_type(name: str):
+    import typing
+
+    from autoplan.schema.training import TrainingSetup
+
+    kind = typing.get_type_hints(TrainingSetup)[name]
+    return str if typing.get_origin(kind) is typing.Literal else kind
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +76,15 @@ def _exit_now(status: int) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from autoplan.schema import load_plan
+    from autoplan.schema.training import with_knobs
     plan = load_plan(args.plan)  # SpecError on a missing file or a bad plan
+    knobs = {name: getattr(args, f"knob_{name}") for name in KNOB_FLAGS.values()
+             if getattr(args, f"knob_{name}") is not None}
+    if knobs:
+        plan = dataclasses.replace(plan, training=with_knobs(plan.training, knobs))
     if args.steps < 1:
         raise SpecError("--steps: must be at least 1")
     if args.resume and not args.checkpoint_dir:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -171,6 +172,13 @@ class RunOptions:
     """File for every step's phases per rank, wall and CPU time (runtime/train/phase_clock.py)."""
 
 
+def _eta(rows: list[dict], remaining: int) -> str:
+    """Time left at the median of the recent steps (the first step, which pays one-off costs, left out)."""
+    recent = [r["step_time_s"] for r in rows[1:][-20:]] or [r["step_time_s"] for r in rows]
+    seconds = int(round(statistics.median(recent) * remaining))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     """Train from step 0 (or the newest complete checkpoint) to ``opts.steps``; returns the losses run."""
     parts, plan = trainer.parts, trainer.plan
@@ -186,7 +194,7 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     log = MetricsLog(opts.metrics if rank0 else None, pred.step_time_s if pred else None,
                      pred.peak_memory_gib if pred else None, append=start > 0,
                      calibrated_probes_us=(plan.cluster.device.probe_gemm_us, plan.cluster.device.probe_op_us),
-                     plan_fingerprint=plan_fingerprint(plan))
+                     plan_fingerprint=plan_fingerprint(plan), knobs=plan.training.knobs())
     tokens = plan.training.global_batch_size * plan.training.seq_len
     tracer = StepTracer(opts.trace, start, opts.steps, trainer.pm.device, plan.zero_stage) if opts.trace else None
     if tracer:
@@ -207,8 +215,9 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
                          profiled=bool(tracer) and step in tracer.traced, speed_probe=probe,
                          reserved_gib=trainer.meter.peak_reserved() / GIB if trainer.meter.on_cuda else None)
         if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
-            print(f"step {row['step']:>5}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
-                  f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB", flush=True)
+            print(f"step {row['step']:>5}/{opts.steps}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
+                  f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB  "
+                  f"ETA {_eta(log.rows, opts.steps - step - 1)}", flush=True)
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
             guard.check_weights(parts.parameters(), step + 1, saved, trainer.pm.device)
             saved = checkpoint.save(opts.checkpoint_dir, step + 1, parts.models, parts.optimizer, plan.model, plan)

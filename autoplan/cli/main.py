@@ -22,7 +22,8 @@ import sys
 
 from autoplan.errors import SpecError
 
-SUBCOMMANDS = ("plan", "estimate", "show", "export", "run", "compare", "profile", "profile_hardware", "calibrate")
+SUBCOMMANDS = ("plan", "estimate", "show", "export", "run", "compare", "profile", "profile_hardware", "calibrate",
+               "prepare_data")
 OUTPUT_OPTIONS = (("output", "-o"), ("cluster_out", "--cluster-out"), ("raw_out", "--raw-out"))
 """Options that name a file a subcommand writes at the end: checked before the (maybe long) work."""
 

@@ -8,8 +8,10 @@ process group that signals reach, and restarts it from the newest complete check
 sbatch script); ``--nnodes/--node-rank/--rdzv-endpoint`` run this node's share. Torch is imported only
 to count GPUs for a GPU plan.
 
-Data: byte-level models (vocab >= 256) train on the shipped sample text (examples/) unless ``--data``
-names a token file or ``--data synthetic`` asks for seeded random tokens (runtime.launch's default).
+Data: ``--data FILE`` (uint16 or uint32 ids described by ``FILE.json``; ``autoplan prepare-data`` makes
+both) or ``--data synthetic``; only byte-level models default to the shipped sample text (examples/).
+Training knobs (``--lr``, ``--lr-schedule``, ``--seed`` ...; launcher/knobs.py) override the plan's
+``training`` section for this run.
 
 Exit status: 0 done; 2 bad input; 3 stopped on a non-finite loss, gradient norm or weights; 4 a collective
 timed out; 5 a rank lost its peers; 128 + N killed by (or stopped on) signal N.
@@ -25,7 +27,8 @@ from pathlib import Path
 
 from autoplan.errors import SpecError
 from autoplan.launcher.commands import runtime_command, sbatch_script, torchrun_options
-from autoplan.launcher.preflight import NeedsMoreNodes, preflight
+from autoplan.launcher.knobs import add_knob_arguments
+from autoplan.launcher.preflight import DATA_HELP, NeedsMoreNodes, preflight
 from autoplan.launcher.supervise import run_attempts
 from autoplan.schema import DEFAULT_STACK, Plan
 
@@ -39,8 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in total (default 20)")
     p.add_argument("--nproc", type=int, help="processes to start (default: the plan's tp * cp * pp * dp per node)")
     p.add_argument("--backend", choices=("gloo", "nccl"), help="override the default (nccl with CUDA, else gloo)")
-    p.add_argument("--data", help="token file (uint16 LE), or 'synthetic'; default: the shipped sample text "
-                                  "for byte-level models")
+    p.add_argument("--data", help=DATA_HELP)
     p.add_argument("--metrics", default="metrics.jsonl", help="JSON lines per step (default metrics.jsonl)")
     p.add_argument("--checkpoint-dir", help="DCP checkpoint folder (one run at a time: it is locked)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0: never)")
@@ -54,6 +56,12 @@ def register(subparsers) -> None:
     p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0 .. nnodes-1 (default 0)")
     p.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, the same on every node (with --nnodes > 1)")
     p.add_argument("--slurm", action="store_true", help="print an sbatch script for the plan's nodes and exit")
+    slurm = p.add_argument_group("with --slurm (paths may exist only on the cluster: the ranks check them at start)")
+    slurm.add_argument("--partition", help="#SBATCH --partition")
+    slurm.add_argument("--time", help="#SBATCH --time, e.g. 24:00:00")
+    slurm.add_argument("--account", help="#SBATCH --account")
+    slurm.add_argument("--env-setup", metavar="COMMAND",
+                       help='run on every node before torchrun, e.g. "source .venv/bin/activate"')
     p.add_argument("--print-command", action="store_true", help="check everything, print the torchrun line, exit")
     p.add_argument("--trace", metavar="DIR", help="profile a few steps after warm-up into DIR (merged.json: the "
                    "measured step per rank, for autoplan compare --trace and Perfetto)")
@@ -64,6 +72,9 @@ def register(subparsers) -> None:
     p.add_argument("--rank", type=int, action="append", help="with --dry-run: a rank to build (repeatable; default: "
                    "rank 0 and the last rank)")
     p.add_argument("--json", action="store_true", help="with --dry-run: print a JSON list, one object per rank")
+    knobs = p.add_argument_group("training knobs (override the plan's training section for this run; recorded in "
+                                 "the metrics and the checkpoints)")
+    add_knob_arguments(knobs)
     p.set_defaults(func=run)
 
 
@@ -87,18 +98,28 @@ def run(args: argparse.Namespace) -> int:
         return dry_run(args.plan, plan, args.rank, args.json)
     if args.rank or args.json:
         raise SpecError(f"{'--rank' if args.rank else '--json'}: only with --dry-run")
+    for flag in ("partition", "time", "account", "env_setup"):
+        value = getattr(args, flag)
+        if value is not None and not args.slurm:
+            raise SpecError(f"--{flag.replace('_', '-')}: only with --slurm")
+        if value is not None and (value == "" or any(ord(c) < 32 for c in value)):
+            raise SpecError(f"--{flag.replace('_', '-')}: {value!r} is empty or has a control character (a line break "
+                            "would end the #SBATCH line); give one line")
     try:
         plan, launch = preflight(args)
     except NeedsMoreNodes as err:
         print("\n".join(err.lines), flush=True)
+        if args.print_command:  # the lines were asked for: printing them is the whole job
+            return 0
         raise
     if plan.stack_name != DEFAULT_STACK:
         print(f"autoplan run: warning: this plan was made for stack {plan.stack_name!r} and runs on {DEFAULT_STACK!r} "
               f"(this runtime), so its predicted step time and memory are not this run's; re-plan with --stack "
               f"{DEFAULT_STACK}, or hand it to its stack (autoplan export)", file=sys.stderr, flush=True)
     if args.slurm:
-        print(sbatch_script(launch, gpus=plan.cluster.device.kind == "gpu", job_name=f"autoplan-{plan.model.name}"),
-              end="")
+        print(sbatch_script(launch, gpus=plan.cluster.device.kind == "gpu", job_name=f"autoplan-{plan.model.name}",
+                            partition=args.partition, time=args.time, account=args.account,
+                            env_setup=args.env_setup), end="")
         return 0
     torchrun = torchrun_options(launch.nproc_per_node, launch.nnodes, launch.node_rank, launch.rdzv_endpoint,
                                 launch.rdzv_id)

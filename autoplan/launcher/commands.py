@@ -55,11 +55,17 @@ def node_lines(launch: Launch, endpoint: str | None) -> list[str]:
     return lines
 
 
-def sbatch_script(launch: Launch, gpus: bool, job_name: str) -> str:
-    """A Slurm batch script that starts one torchrun per node; the rendezvous endpoint is the first node."""
+def sbatch_script(launch: Launch, gpus: bool, job_name: str, partition: str | None = None, time: str | None = None,
+                  account: str | None = None, env_setup: str | None = None) -> str:
+    """A Slurm batch script that starts one torchrun per node; the rendezvous endpoint is the first node.
+    ``env_setup`` runs on every node before torchrun (activating the environment autoplan is installed in)."""
     tail = " ".join(shlex.quote(a) for a in runtime_command(launch))
     gpu_line = f"#SBATCH --gpus-per-node={launch.nproc_per_node}\n" if gpus else ""
-    torchrun = ("torchrun --nnodes=\"$SLURM_NNODES\" "
+    for name, value in (("partition", partition), ("time", time), ("account", account)):
+        if value is not None:
+            gpu_line += f"#SBATCH --{name}={shlex.quote(value)}\n"
+    setup = f"{env_setup} && " if env_setup else ""
+    torchrun = (f"{setup}torchrun --nnodes=\"$SLURM_NNODES\" "
                 f"--nproc-per-node={launch.nproc_per_node} --node-rank=\"$SLURM_NODEID\" --rdzv-backend=c10d "
                 f"--rdzv-endpoint=\"$HEAD_NODE:{DEFAULT_PORT}\" --rdzv-id=\"$SLURM_JOB_ID\" {tail}")
     return (

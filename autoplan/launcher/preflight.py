@@ -18,20 +18,29 @@ import argparse
 import math
 import os
 import re
-import stat
 import sys
 import tempfile
 from pathlib import Path
 
 from autoplan.errors import SpecError
 from autoplan.launcher.commands import Launch, node_lines
+from autoplan.launcher.knobs import knob_arguments, knobs_of
+from autoplan.schema.training import with_knobs
 from autoplan.report.recheck import recheck
 from autoplan.schema import Plan
 from autoplan.schema._files import check_folder, check_writable
 from autoplan.schema._io import to_dict
 from autoplan.schema.limits import MAX_NODES, MAX_STEPS
+from autoplan.schema.token_file import describe
 
 SAMPLE_TEXT = Path(__file__).resolve().parents[2] / "examples" / "shakespeare_bytes.bin"
+SAMPLE_VOCAB = 256
+"""The sample text's ids are UTF-8 bytes: only a byte-level model (vocabulary 256) may default to it."""
+DATA_HELP = ("token file: little-endian uint16 or uint32 ids with a FILE.json sidecar beside it (dtype, "
+             "vocab_size, tokens; `autoplan prepare-data` makes both from text); without the sidecar it is read "
+             "as uint16, for models of at most 65,536 tokens; or 'synthetic' for seeded random tokens. Default: "
+             "the shipped sample text for byte-level models (vocabulary 256); other models need --data")
+"""The ``--data`` help text for ``autoplan run`` (kept beside the rule it describes)."""
 MAX_RESTARTS = 100
 MAX_TIMEOUT_S = 7 * 86400.0
 _ENDPOINT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:([0-9]{1,5})$")
@@ -61,34 +70,40 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise SpecError("--checkpoint-every: needs --checkpoint-dir (where to save)")
 
 
-def data_path(data: str | None, plan: Plan) -> str | None:
-    """The token file runtime.launch gets (None: seeded synthetic tokens), checked like the ranks would."""
+def data_path(data: str | None, plan: Plan, on_this_host: bool = True, notices: list[str] | None = None) -> str | None:
+    """The token file runtime.launch gets (None: seeded synthetic tokens), checked like the ranks would.
+
+    No silent default: only byte-level models (vocabulary of exactly 256, gpt-tiny and llama-tiny) fall
+    back to the shipped sample text, since its ids are bytes; any other model would train on ids that mean
+    nothing to it, so it needs ``--data FILE`` or ``--data synthetic``. ``on_this_host=False`` (an sbatch
+    script for a cluster whose file system this host does not see) checks the name only. ``notices``
+    collects one-line notes for the user (the sample text in use, a file read as uint16 without a
+    sidecar): the caller prints them after its other checks, so a refused run still says one line;
+    without a list they are not printed.
+    """
+    note = notices.append if notices is not None else (lambda line: None)
     if data == "synthetic":
         return None
+    model, t = plan.model, plan.training
     if data is None:
-        return str(SAMPLE_TEXT) if plan.model.vocab_size >= 256 and SAMPLE_TEXT.is_file() else None
+        if model.vocab_size != SAMPLE_VOCAB:
+            raise SpecError(f"--data: model {model.name} has a vocabulary of {model.vocab_size:,} tokens; give a token "
+                            "file (autoplan prepare-data makes one) or --data synthetic")
+        if not SAMPLE_TEXT.is_file():
+            raise SpecError(f"--data: the shipped sample text {SAMPLE_TEXT} is missing (an install without "
+                            "examples/); give a token file or --data synthetic")
+        if on_this_host:
+            describe(SAMPLE_TEXT, model.vocab_size, t.seq_len)
+        note(f"no --data: model {model.name} is byte-level, so it trains on the shipped sample text {SAMPLE_TEXT}; "
+             "give --data FILE or --data synthetic for other data")
+        return str(SAMPLE_TEXT)
     if data == "":
-        raise SpecError("--data: empty; give a token file (uint16 little-endian) or 'synthetic'")
-    p = Path(data)
-    try:
-        st = p.stat()
-    except OSError:
-        raise SpecError(f"--data {data}: no such file (expected uint16 little-endian token ids)") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SpecError(f"--data {data}: not a regular file (expected uint16 little-endian token ids)")
-    if st.st_size % 2:
-        raise SpecError(f"--data {data}: odd byte count; expected uint16 little-endian token ids")
-    need = plan.training.seq_len + 2
-    if st.st_size // 2 < need:
-        raise SpecError(f"--data {data}: {st.st_size // 2} tokens, need at least seq_len + 2 = {need}")
-    import numpy as np  # a dependency of torch; fast even for GB files (memory-mapped)
-
-    try:
-        top = int(np.memmap(p, dtype="<u2", mode="r").max())
-    except OSError as err:
-        raise SpecError(f"--data {data}: cannot read ({err.strerror})") from None
-    if top >= plan.model.vocab_size:
-        raise SpecError(f"--data {data}: token id {top} >= model.vocab_size {plan.model.vocab_size}")
+        raise SpecError("--data: empty; give a token file (autoplan prepare-data makes one) or 'synthetic'")
+    if not on_this_host:
+        return data  # read where the job runs; runtime.launch checks it there, each rank in one line
+    info = describe(data, model.vocab_size, t.seq_len)  # missing, not a file, dtype, vocabulary, length, head ids
+    if info.notice is not None:
+        note(info.notice)
     return data
 
 
@@ -213,8 +228,9 @@ def shape(args: argparse.Namespace, plan: Plan, plan_path: str, runtime_args: tu
     return Launch(plan_path, nproc, nnodes, node_rank, endpoint, rdzv_id, runtime_args)
 
 
-def runtime_args(args: argparse.Namespace, data: str | None) -> tuple[str, ...]:
-    """runtime.launch's options (``--resume`` is added per attempt by the launcher)."""
+def runtime_args(args: argparse.Namespace, data: str | None, knobs: dict | None = None) -> tuple[str, ...]:
+    """runtime.launch's options (``--resume`` is added per attempt by the launcher); ``knobs``: the
+    training knobs given on the command line (launcher/knobs.py)."""
     out = ["--steps", str(args.steps)]
     for flag, value in (("--backend", args.backend), ("--data", data), ("--metrics", args.metrics),
                         ("--checkpoint-dir", args.checkpoint_dir), ("--trace", getattr(args, "trace", None)),
@@ -224,6 +240,7 @@ def runtime_args(args: argparse.Namespace, data: str | None) -> tuple[str, ...]:
     if args.checkpoint_every:
         out += ["--checkpoint-every", str(args.checkpoint_every)]
     out += ["--timeout", f"{args.timeout:g}"]
+    out += knob_arguments(knobs or {})
     return tuple(out)
 
 
@@ -234,19 +251,27 @@ def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
     plan = load_plan(args.plan)
     require_runnable_precision(plan.training)
     check_numbers(args)
-    data = data_path(args.data, plan)
-    if args.metrics is not None:
-        if args.metrics == "":
-            raise SpecError("--metrics: empty; give a file name")
-        check_writable(args.metrics, "--metrics")
-    if getattr(args, "timeline", None) is not None:
-        check_writable(args.timeline, "--timeline")
-    if getattr(args, "trace", None) is not None:
-        check_folder(args.trace, "--trace")
-    check_checkpoint_dir(args, plan)
-    launch = shape(args, plan, str(args.plan), runtime_args(args, data))
+    knobs = knobs_of(args, args.steps)
+    with_knobs(plan.training, knobs)  # one line naming the flag
+    # an sbatch script runs elsewhere: paths that exist only on the cluster are checked by the ranks at start
+    here = not args.slurm
+    notices: list[str] = []
+    data = data_path(args.data, plan, on_this_host=here, notices=notices)
+    if args.metrics == "":
+        raise SpecError("--metrics: empty; give a file name")
+    if here:
+        if args.metrics is not None:
+            check_writable(args.metrics, "--metrics")
+        if getattr(args, "timeline", None) is not None:
+            check_writable(args.timeline, "--timeline")
+        if getattr(args, "trace", None) is not None:
+            check_folder(args.trace, "--trace")
+        check_checkpoint_dir(args, plan)
+    launch = shape(args, plan, str(args.plan), runtime_args(args, data, knobs))
     again = recheck(plan)  # after the cheap checks: it runs the cost model (~0.1 s)
     again.require_fits()
     if again.stale:
         print(f"autoplan run: warning: {again.stale}", file=sys.stderr, flush=True)
+    for line in notices:  # last: a refusal above stays one line
+        print(f"autoplan run: note: {line}", file=sys.stderr, flush=True)
     return plan, launch

@@ -3,7 +3,8 @@
 ``autoplan run`` writes it into every metrics row (``plan_fingerprint``, runtime/train/metrics.py) and
 ``autoplan compare`` refuses to set a plan against the metrics of a run of another plan. It covers what
 defines the run being measured: the model, the layout (``LAYOUT_FIELDS``: the parallel degrees, schedule,
-micro-batching, stages and their recomputation) and the training setup. It leaves out what only describes
+micro-batching, stages and their recomputation) and the training setup but its knobs (``KNOBS``: learning
+rate, schedule, seed... which ``autoplan run`` may override and which cost nothing). It leaves out what only describes
 the plan: the cost model's prediction (``predicted``), the search (``solver``), the stack it was priced for
 (``stack``) and the cluster (the same layout re-planned on another cluster, or with a re-calibrated
 profile, is the same run).
@@ -18,6 +19,7 @@ import json
 
 from autoplan.schema._io import to_dict
 from autoplan.schema.plan import Plan
+from autoplan.schema.training import KNOBS
 
 FINGERPRINT_KEY = "plan_fingerprint"
 """The metrics rows' field holding it."""
@@ -27,6 +29,7 @@ FINGERPRINT_CHARS = 16
 
 def plan_fingerprint(plan: Plan) -> str:
     """``FINGERPRINT_CHARS`` hex digits of the sha256 of the model, layout and training setup (JSON, sorted keys)."""
-    run = {"model": to_dict(plan.model), "layout": to_dict(plan.layout()), "training": to_dict(plan.training)}
+    training = {k: v for k, v in to_dict(plan.training).items() if k not in KNOBS}  # lr, seed...: same cost
+    run = {"model": to_dict(plan.model), "layout": to_dict(plan.layout()), "training": training}
     text = json.dumps(run, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:FINGERPRINT_CHARS]

@@ -11,6 +11,36 @@ from autoplan.schema.hardware import Precision
 from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_LEARNING_RATE, MAX_SEED, MAX_SEQ_LEN, MAX_STEPS
 
 
+KNOBS = ("learning_rate", "min_learning_rate", "warmup_steps", "decay_steps", "lr_schedule", "weight_decay",
+         "grad_clip", "seed")
+"""Training fields that change what is learned but not what a step costs: ``autoplan run`` takes them on its
+command line (``--lr`` ...), and a run's fingerprint (schema/fingerprint.py) leaves them out."""
+KNOB_FLAGS = {"--lr": "learning_rate", "--min-lr": "min_learning_rate", "--warmup-steps": "warmup_steps",
+              "--decay-steps": "decay_steps", "--lr-schedule": "lr_schedule", "--weight-decay": "weight_decay",
+              "--clip-grad": "grad_clip", "--seed": "seed"}
+"""The command-line name of each knob (``autoplan run`` and ``runtime.launch`` take the same flags)."""
+
+
+def with_knobs(training: "TrainingSetup", knobs: dict[str, object]) -> "TrainingSetup":
+    """``training`` with ``knobs`` (field name -> value) set and validated; a bad value is one SpecError line
+    naming its flag."""
+    import dataclasses
+    import math
+
+    flags = {name: flag for flag, name in KNOB_FLAGS.items()}
+    for name, value in knobs.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpecError(f"{flags.get(name, name)}: {value} is not a finite number")
+    changed = dataclasses.replace(training, **knobs)
+    try:
+        changed.validate()
+    except SpecError as err:
+        field = str(err).split(":", 1)[0]
+        flag = next((f for f, name in KNOB_FLAGS.items() if name == field), None)
+        raise SpecError(f"{flag}: {str(err).split(': ', 1)[1]}" if flag and field in knobs else str(err)) from None
+    return changed
+
+
 @dataclass(frozen=True)
 class TrainingSetup:
     global_batch_size: int
@@ -43,6 +73,10 @@ class TrainingSetup:
     min_learning_rate: float = 3e-5
     warmup_steps: int = 10
     decay_steps: int = 1000
+    """Steps from the start to the end of the decay (``autoplan run`` sets it to the run's ``--steps`` unless
+    ``--decay-steps`` is given)."""
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """After the linear warm-up: cosine or linear down to min_learning_rate at decay_steps, or constant."""
     weight_decay: float = 0.1
     """On matrices only (dim >= 2), not on biases and norm weights (nanoGPT's rule)."""
     adam_betas: tuple[float, float] = (0.9, 0.95)
@@ -71,6 +105,10 @@ class TrainingSetup:
                 "needs two values in [0, 1), e.g. [0.9, 0.95]")
         require_range(self, "adam_eps", 0.0, 1.0, low_open=True)
         require(0 <= self.sgd_momentum < 1, "sgd_momentum", "must be in [0, 1)")
+
+    def knobs(self) -> dict[str, object]:
+        """The fields ``autoplan run`` may override on its command line (``KNOBS``) with their values."""
+        return {name: getattr(self, name) for name in KNOBS}
 
     @property
     def mixed_precision(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,9 @@ class Manifest:
     layout: dict[str, Any]
     files: dict[str, tuple[int, str]]
     """File name -> (bytes, SHA-256 hex) for every file of the folder except COMPLETE itself."""
+    training: dict[str, Any] = field(default_factory=dict)
+    """The run's training knobs (TrainingSetup.knobs(): learning rate, schedule, seed...); empty in
+    manifests written before they were recorded."""
 
 
 def model_fingerprint(model_dict: dict) -> str:
@@ -47,7 +50,7 @@ def file_digest(path: Path, chunk_bytes: int = 1 << 22) -> tuple[int, str]:
 
 def manifest_text(manifest: Manifest) -> str:
     return json.dumps({"format": FORMAT, "step": manifest.step, "model_sha256": manifest.model_sha256,
-                       "layout": manifest.layout,
+                       "layout": manifest.layout, "training": manifest.training,
                        "files": {n: {"bytes": b, "sha256": d} for n, (b, d) in sorted(manifest.files.items())}},
                       indent=1) + "\n"
 
@@ -61,7 +64,8 @@ def read_manifest(folder: Path) -> Manifest | None:
     try:
         data = json.loads(text)
         files = {str(n): (int(v["bytes"]), str(v["sha256"])) for n, v in data["files"].items()}
-        return Manifest(int(data["step"]), str(data["model_sha256"]), dict(data["layout"]), files)
+        return Manifest(int(data["step"]), str(data["model_sha256"]), dict(data["layout"]), files,
+                        dict(data.get("training", {})))
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{MARKER} is not a checkpoint manifest ({type(err).__name__})") from None
 

@@ -16,11 +16,13 @@ from autoplan.schema.trace import SPEED_PROBE_KEY, host_speed, relative_error
 class MetricsLog:
     def __init__(self, path: str | None, predicted_step_s: float | None, predicted_peak_gib: float | None,
                  append: bool = False, calibrated_probes_us: tuple[float, float] = (0.0, 0.0),
-                 plan_fingerprint: str | None = None) -> None:
+                 plan_fingerprint: str | None = None, knobs: dict | None = None) -> None:
         self.path = Path(path) if path else None
         self.plan_fingerprint = plan_fingerprint
         """autoplan.schema.fingerprint of the plan run, written into every row: ``autoplan compare`` refuses
         to set these metrics against another plan."""
+        self.knobs = knobs
+        """The run's training knobs (learning rate, schedule, seed...), written into the first row it records."""
         self.calibrated_probes_us = calibrated_probes_us
         """The calibration's (GEMM, eager op) probe times (runtime/train/speed_probe.py)."""
         self.predicted_step_s = predicted_step_s
@@ -46,6 +48,8 @@ class MetricsLog:
             row["profiled"] = True  # under the profiler: slower than the other steps
         if self.plan_fingerprint is not None:
             row[FINGERPRINT_KEY] = self.plan_fingerprint
+        if self.knobs is not None and not self.rows:
+            row["knobs"] = self.knobs
         if speed_probe is not None:
             row[SPEED_PROBE_KEY] = {k: round(v, 3) for k, v in speed_probe.items()}
         self.rows.append(row)

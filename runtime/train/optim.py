@@ -21,12 +21,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def lr_at(step: int, t: TrainingSetup) -> float:
-    """Learning rate for optimizer step ``step`` (0-based): warm-up to learning_rate over warmup_steps,
-    cosine down to min_learning_rate at decay_steps, flat after."""
+    """Learning rate for optimizer step ``step`` (0-based): warm-up to learning_rate over warmup_steps, then
+    (``lr_schedule``) cosine or linear down to min_learning_rate at decay_steps and flat after, or constant."""
     if step < t.warmup_steps:
         return t.learning_rate * (step + 1) / t.warmup_steps
+    if t.lr_schedule == "constant":
+        return t.learning_rate
     progress = min(1.0, (step - t.warmup_steps) / max(1, t.decay_steps - t.warmup_steps))
-    return t.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (t.learning_rate - t.min_learning_rate)
+    share = 0.5 * (1 + math.cos(math.pi * progress)) if t.lr_schedule == "cosine" else 1.0 - progress
+    return t.min_learning_rate + share * (t.learning_rate - t.min_learning_rate)
 
 
 def set_lr(optimizer, lr: float) -> None:

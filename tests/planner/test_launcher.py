@@ -65,6 +65,36 @@ def test_a_multi_node_plan_prints_one_torchrun_line_per_node(plans, capsys):
     code, out, _ = run(capsys, "run", plans["two_nodes"], "--slurm")
     assert code == 0 and "#SBATCH --nodes=2" in out and "srun bash -c 'torchrun " in out
     assert '--node-rank="$SLURM_NODEID"' in out and "--gpus-per-node" not in out  # a CPU plan
+    # asked for the lines, the user gets them and exit 0 (issue 30: the lines, then an error, exit 2)
+    code, out, err = run(capsys, "run", plans["two_nodes"], "--print-command", "--data", "synthetic")
+    assert code == 0 and err == "" and len(out.splitlines()) == 2
+
+
+def test_slurm_script_carries_the_cluster_options_and_the_run(plans, capsys):
+    code, out, _ = run(capsys, "run", plans["two_nodes"], "--slurm", "--partition", "gpu", "--time", "24:00:00",
+                       "--account", "proj1", "--env-setup", "source /opt/venv/bin/activate", "--lr", "0.001",
+                       "--seed", "7", "--steps", "50")
+    assert code == 0
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --time=24:00:00", "#SBATCH --account=proj1"):
+        assert line in out.splitlines()
+    assert "srun bash -c 'source /opt/venv/bin/activate && torchrun " in out
+    assert "--steps 50" in out and "--lr 0.001" in out and "--seed 7" in out and "--decay-steps 50" in out
+    code, _, err = run(capsys, "run", plans["two_nodes"], "--slurm", "--partition", "a\nb")
+    one_line_error(code, err, "--partition", "control character")
+    code, _, err = run(capsys, "run", plans["one"], "--partition", "gpu", "--print-command")
+    one_line_error(code, err, "--partition: only with --slurm")
+
+
+def test_training_knobs_are_checked_and_passed_to_every_rank(plans, capsys):
+    code, out, _ = run(capsys, "run", plans["one"], "--print-command", "--steps", "30", "--lr", "0.002",
+                       "--lr-schedule", "linear", "--warmup-steps", "3", "--clip-grad", "0.5")
+    assert code == 0
+    for part in ("--lr 0.002", "--lr-schedule linear", "--warmup-steps 3", "--clip-grad 0.5", "--decay-steps 30"):
+        assert part in out
+    for extra, needle in ((["--lr", "0"], "--lr: 0.0"), (["--lr", "nan"], "--lr"), (["--min-lr", "1"], "--min-lr"),
+                          (["--seed", "-1"], "--seed"), (["--decay-steps", "0"], "--decay-steps")):
+        code, _, err = run(capsys, "run", plans["one"], "--print-command", *extra)
+        one_line_error(code, err, needle)
 
 
 @pytest.mark.parametrize("extra, needles", [
@@ -138,10 +168,10 @@ def test_run_re_derives_memory_from_the_model_not_the_predicted_block(plans, cap
     assert code == 0 and "memory per pipeline rank" in out
     assert err.count("\n") == 1 and "autoplan show: warning: plan: pipeline rank 0 needs" in err
     wider = _edited(plans["one"], tmp_path, "ffn_hidden_size", "512")
-    code, out, err = run(capsys, "run", wider, "--print-command")
+    code, out, err = run(capsys, "run", wider, "--print-command", "--data", "synthetic")
     assert code == 0 and "torchrun" in out
     assert err.count("\n") == 1 and "predicted block does not match its model and layout" in err
-    code, _, err = run(capsys, "run", plans["one"], "--print-command")
+    code, _, err = run(capsys, "run", plans["one"], "--print-command", "--data", "synthetic")
     assert code == 0 and err == ""  # the planner's own figures agree with the re-evaluation
 
 
