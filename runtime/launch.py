@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(torch traces, per-rank and merged step traces; runtime/train/profiling.py)")
     p.add_argument("--timeline", metavar="FILE", help="every step's phases per rank, wall and CPU time, as a "
                    "Chrome/Perfetto trace written by rank 0 (runtime/train/phase_clock.py)")
+    p.add_argument("--tensorboard", metavar="DIR", help="TensorBoard scalars of every step (rank 0)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds a collective or pipeline action may wait before the job ends (default 300)")
     for flag, name in KNOB_FLAGS.items():  # autoplan run's training knobs, passed on (launcher/knobs.py)
@@ -120,7 +121,7 @@ def _main(args: argparse.Namespace) -> int:
     pm = mesh_of_plan(plan, device)
     trainer = Trainer(plan, pm, data)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,
-                            args.log_every, args.trace, args.timeline))
+                            args.log_every, args.trace, args.timeline, args.tensorboard))
     # barrier before teardown: exits are flaky otherwise (runtime-notes §7). Not in a `finally`: a rank
     # that failed must exit (torchrun then stops the others) rather than wait here for ranks that cannot come.
     dist.barrier()

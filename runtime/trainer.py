@@ -170,6 +170,8 @@ class RunOptions:
     """Folder for a profiler trace of a few steps after warm-up (runtime/train/profiling.py)."""
     timeline: str | None = None
     """File for every step's phases per rank, wall and CPU time (runtime/train/phase_clock.py)."""
+    tensorboard: str | None = None
+    """Folder for TensorBoard scalars of every step, written by rank 0 (runtime/train/tensorboard_log.py)."""
 
 
 def _eta(rows: list[dict], remaining: int) -> str:
@@ -195,6 +197,10 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
                      pred.peak_memory_gib if pred else None, append=start > 0,
                      calibrated_probes_us=(plan.cluster.device.probe_gemm_us, plan.cluster.device.probe_op_us),
                      plan_fingerprint=plan_fingerprint(plan), knobs=plan.training.knobs())
+    board = None
+    if opts.tensorboard and rank0:
+        from runtime.train.tensorboard_log import TensorBoardLog
+        board = TensorBoardLog(opts.tensorboard)
     tokens = plan.training.global_batch_size * plan.training.seq_len
     tracer = StepTracer(opts.trace, start, opts.steps, trainer.pm.device, plan.zero_stage) if opts.trace else None
     if tracer:
@@ -214,6 +220,8 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
                          lr_at(step, plan.training), r.grad_norm, [b / GIB for b in r.peak_bytes_per_rank],
                          profiled=bool(tracer) and step in tracer.traced, speed_probe=probe,
                          reserved_gib=trainer.meter.peak_reserved() / GIB if trainer.meter.on_cuda else None)
+        if board is not None:
+            board.record(row)
         if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
             print(f"step {row['step']:>5}/{opts.steps}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
                   f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB  "
@@ -228,6 +236,8 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
         trainer.clock.finish(opts.timeline, dist.get_rank(), {"model": plan.model.name, **plan.dims.as_dict(),
                                                               "schedule": plan.schedule,
                                                               "num_microbatches": plan.num_microbatches})
+    if board is not None:
+        board.close()
     if rank0:
         print(log.summary(), flush=True)
     return losses

@@ -67,6 +67,8 @@ def register(subparsers) -> None:
                    "measured step per rank, for autoplan compare --trace and Perfetto)")
     p.add_argument("--timeline", metavar="FILE", help="every step's phases per rank with wall and CPU time, as a "
                    "Perfetto trace (a few us per phase: unlike --trace, steps run at full speed)")
+    p.add_argument("--tensorboard", metavar="DIR", help="write every step's loss, lr, grad norm, tokens/s, memory and "
+                   "the predicted step time as TensorBoard scalars into DIR (needs the tensorboard package)")
     p.add_argument("--dry-run", action="store_true", help="build ranks of the plan on the meta device with a fake "
                    "process group (no training, no cluster) and compare their parameters with the plan's")
     p.add_argument("--rank", type=int, action="append", help="with --dry-run: a rank to build (repeatable; default: "

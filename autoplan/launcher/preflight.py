@@ -15,6 +15,7 @@ node when the plan needs more than one.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 import re
@@ -234,7 +235,8 @@ def runtime_args(args: argparse.Namespace, data: str | None, knobs: dict | None 
     out = ["--steps", str(args.steps)]
     for flag, value in (("--backend", args.backend), ("--data", data), ("--metrics", args.metrics),
                         ("--checkpoint-dir", args.checkpoint_dir), ("--trace", getattr(args, "trace", None)),
-                        ("--timeline", getattr(args, "timeline", None))):
+                        ("--timeline", getattr(args, "timeline", None)),
+                        ("--tensorboard", getattr(args, "tensorboard", None))):
         if value is not None:
             out += [flag, str(value)]
     if args.checkpoint_every:
@@ -266,7 +268,12 @@ def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
             check_writable(args.timeline, "--timeline")
         if getattr(args, "trace", None) is not None:
             check_folder(args.trace, "--trace")
+        if getattr(args, "tensorboard", None) is not None:
+            check_folder(args.tensorboard, "--tensorboard")
         check_checkpoint_dir(args, plan)
+    if getattr(args, "tensorboard", None) is not None and importlib.util.find_spec("tensorboard") is None:
+        raise SpecError("--tensorboard: needs the tensorboard package (torch writes its files with it): "
+                        "pip install tensorboard")
     launch = shape(args, plan, str(args.plan), runtime_args(args, data, knobs))
     again = recheck(plan)  # after the cheap checks: it runs the cost model (~0.1 s)
     again.require_fits()

@@ -63,3 +63,25 @@ def test_a_run_records_its_knobs(tmp_path):
     assert rows[0]["knobs"] == knobs and "knobs" not in rows[1]
     text = manifest_text(Manifest(10, "0" * 64, {"tp": 1}, {}, knobs))
     assert json.loads(text)["training"] == knobs
+
+
+def test_tensorboard_scalars_load_with_tensorboards_reader(tmp_path):
+    """``--tensorboard DIR``: rank 0's scalars per step, read back with TensorBoard's own event reader; the lr
+    curve is the schedule's."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from runtime.train.tensorboard_log import TensorBoardLog
+
+    t = dataclasses.replace(BASE, warmup_steps=5, decay_steps=20)
+    log, board = MetricsLog(None, 0.5, 1.0), TensorBoardLog(tmp_path / "tb")
+    for step in range(20):
+        board.record(log.record(step + 1, 4.0 - 0.1 * step, 0.25, 256, 0.75, lr_at(step, t), 1.5))
+    board.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    lr = [(e.step, e.value) for e in events.Scalars("train/lr")]
+    assert [s for s, _ in lr] == list(range(1, 21))
+    assert [v for _, v in lr] == pytest.approx([lr_at(s, t) for s in range(20)], rel=1e-6)  # stored as float32
+    assert {"train/loss", "perf/tokens_per_s", "perf/predicted_step_time_s", "memory/peak_gib"} <= set(
+        events.Tags()["scalars"])
