@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import stat
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from autoplan.errors import SpecError
-from autoplan.schema._files import check_writable
+from autoplan.schema._files import check_writable, regular_file
 from autoplan.schema.limits import MAX_TEXT_CHARS
 from autoplan.schema.token_file import DTYPES, TokenFileInfo, dtype_for, write_sidecar
 
@@ -80,14 +79,7 @@ def _check_inputs(names: list[str], outputs: list[str]) -> list[tuple[Path, str]
     out = []
     for name in names:
         p = Path(name)
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            raise SpecError(f"{name}: no such file (an input: .txt, .jsonl or .parquet)") from None
-        except OSError as err:
-            raise SpecError(f"{name}: cannot read ({err.strerror})") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise SpecError(f"{name}: not a regular file; give .txt, .jsonl or .parquet files")
+        regular_file(p, name, "an input: .txt, .jsonl or .parquet")
         kind = KINDS.get(p.suffix.lower())
         if kind is None:
             raise SpecError(f"{name}: unknown input type {p.suffix or '(no suffix)'!r}; give .txt, .jsonl or "

@@ -20,7 +20,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from autoplan.errors import SpecError
@@ -29,7 +28,7 @@ from autoplan.launcher.knobs import knob_arguments, knobs_of
 from autoplan.schema.training import with_knobs
 from autoplan.report.recheck import recheck
 from autoplan.schema import Plan
-from autoplan.schema._files import check_folder, check_writable
+from autoplan.schema._files import check_folder, check_writable, probe_folder
 from autoplan.schema._io import to_dict
 from autoplan.schema.limits import MAX_NODES, MAX_STEPS
 from autoplan.schema.token_file import describe
@@ -108,15 +107,6 @@ def data_path(data: str | None, plan: Plan, on_this_host: bool = True, notices: 
     return data
 
 
-def _probe_folder(folder: Path, flag: str) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".autoplan-probe-")
-    except OSError as err:
-        raise SpecError(f"{flag} {folder}: cannot write there ({err.strerror})") from None
-    os.close(fd)
-    os.unlink(tmp)
-
-
 def check_checkpoint_dir(args: argparse.Namespace, plan: Plan) -> None:
     from runtime.train.lock import check_free
     from runtime.train.manifest import complete_checkpoints, model_fingerprint, read_manifest
@@ -132,10 +122,10 @@ def check_checkpoint_dir(args: argparse.Namespace, plan: Plan) -> None:
     if not folder.exists():
         if not folder.parent.is_dir():
             raise SpecError(f"{flag} {folder}: its parent {folder.parent} does not exist; create it first")
-        _probe_folder(folder.parent, flag)
+        probe_folder(folder.parent, f"{flag} {folder}")
         found = []
     else:
-        _probe_folder(folder, flag)
+        probe_folder(folder, f"{flag} {folder}")
         check_free(folder)
         found = complete_checkpoints(folder)
     if not args.resume:

@@ -35,27 +35,41 @@ def _reason(err: OSError) -> str:
     return err.strerror or type(err).__name__
 
 
-def read_text(path: str | os.PathLike, limit_bytes: int = MAX_YAML_BYTES) -> str:
-    """The UTF-8 text of a regular file of at most ``limit_bytes``."""
-    p = Path(path)
+def regular_file(path: str | os.PathLike, label: str, expected: str) -> os.stat_result:
+    """``path``'s stat when it is a regular file; otherwise one SpecError line that starts with ``label``
+    (the path, or the option and the path) and says what was ``expected``."""
     try:
-        st = p.stat()
+        st = Path(path).stat()
     except FileNotFoundError:
-        raise SpecError(f"{p}: no such file") from None
-    except OSError as err:
-        raise SpecError(f"{p}: cannot read ({_reason(err)})") from None
+        raise SpecError(f"{label}: no such file ({expected})") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise SpecError(f"{label}: cannot read ({_reason(err) if isinstance(err, OSError) else err})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise SpecError(f"{p}: is {_kind(st.st_mode)}, expected a YAML file")
+        raise SpecError(f"{label}: is {_kind(st.st_mode)}, expected {expected}")
+    return st
+
+
+def read_bytes(path: str | os.PathLike, limit_bytes: int, expected: str, what: str) -> bytes:
+    """The bytes of a regular file of at most ``limit_bytes`` (``what``: the kind of input, for the message)."""
+    p = Path(path)
+    st = regular_file(p, str(p), expected)
     if st.st_size > limit_bytes:
         raise SpecError(f"{p}: {st.st_size / 2**20:.1f} MiB is larger than the {limit_bytes / 2**20:.0f} MiB "
-                        "a YAML input may have")
+                        f"{what} may have")
     try:
         with p.open("rb") as f:
             raw = f.read(limit_bytes + 1)
     except OSError as err:
         raise SpecError(f"{p}: cannot read ({_reason(err)})") from None
     if len(raw) > limit_bytes:  # grew while we looked
-        raise SpecError(f"{p}: larger than the {limit_bytes / 2**20:.0f} MiB a YAML input may have")
+        raise SpecError(f"{p}: larger than the {limit_bytes / 2**20:.0f} MiB {what} may have")
+    return raw
+
+
+def read_text(path: str | os.PathLike, limit_bytes: int = MAX_YAML_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``limit_bytes``."""
+    p = Path(path)
+    raw = read_bytes(p, limit_bytes, "a YAML file", "a YAML input")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -117,10 +131,15 @@ def check_folder(path: str | os.PathLike, what: str) -> None:
     folder = p if st is not None else p.parent
     if not folder.is_dir():
         raise SpecError(f"{what} {p}: its parent {folder} does not exist; create it first or choose another folder")
+    probe_folder(folder, f"{what} {p}")
+
+
+def probe_folder(folder: Path, label: str) -> None:
+    """Create and remove a file in ``folder``: one SpecError line starting with ``label`` if that fails."""
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".autoplan-probe-")
     except OSError as err:
-        raise SpecError(f"{what} {p}: cannot write in {folder} ({_reason(err)})") from None
+        raise SpecError(f"{label}: cannot write in {folder} ({_reason(err)})") from None
     os.close(fd)
     os.unlink(tmp)
 

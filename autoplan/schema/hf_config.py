@@ -25,12 +25,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autoplan.errors import SpecError
+from autoplan.schema._files import read_bytes
 from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE, MAX_YAML_BYTES
 from autoplan.schema.model import ModelSpec
 
@@ -154,26 +154,7 @@ def spec_from_hf_config(path: str | os.PathLike, name: str | None = None) -> Mod
 
 def _read(p: Path) -> bytes:
     """The bytes of a regular file of at most MAX_YAML_BYTES (a config.json is a few KiB)."""
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise SpecError(f"{p}: no such file") from None
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        raise SpecError(f"{p}: cannot read ({getattr(err, 'strerror', None) or err})") from None
-    if not stat.S_ISREG(st.st_mode):
-        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise SpecError(f"{p}: is {what}, expected a JSON config file")
-    if st.st_size > MAX_YAML_BYTES:
-        raise SpecError(f"{p}: {st.st_size / 2**20:.1f} MiB is larger than the "
-                        f"{MAX_YAML_BYTES / 2**20:.0f} MiB a config.json may have")
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_YAML_BYTES + 1)
-    except OSError as err:
-        raise SpecError(f"{p}: cannot read ({err.strerror or type(err).__name__})") from None
-    if len(raw) > MAX_YAML_BYTES:  # grew while we looked
-        raise SpecError(f"{p}: larger than the {MAX_YAML_BYTES / 2**20:.0f} MiB a config.json may have")
-    return raw
+    return read_bytes(p, MAX_YAML_BYTES, "a JSON config file", "a config.json")
 
 
 def _parse(p: Path, raw: bytes) -> Any:

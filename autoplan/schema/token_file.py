@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autoplan.errors import SpecError
-from autoplan.schema._files import write_atomic
+from autoplan.schema._files import read_bytes, regular_file, write_atomic
 from autoplan.schema.limits import MAX_TEXT_CHARS, MAX_VOCAB_SIZE
 
 DTYPES = {"uint16": "<u2", "uint32": "<u4"}
@@ -92,20 +91,9 @@ def read_sidecar(path: str | os.PathLike) -> TokenFileInfo | None:
     """The validated sidecar of token file ``path`` (None when there is none): every key of the right
     type and range, and the token file's size equal to ``tokens`` x the dtype's width."""
     side = sidecar_path(path)
-    try:
-        st = side.stat()
-    except FileNotFoundError:
+    if not os.path.lexists(side):
         return None
-    except OSError as err:
-        raise SpecError(f"{side}: cannot read ({err.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SpecError(f"{side}: not a regular file; the sidecar of {path} must be a JSON file (or absent)")
-    if st.st_size > MAX_SIDECAR_BYTES:
-        raise SpecError(f"{side}: {st.st_size:,} bytes is too large for a token-file sidecar (a few keys of JSON)")
-    try:
-        raw = side.read_bytes()
-    except OSError as err:
-        raise SpecError(f"{side}: cannot read ({err.strerror})") from None
+    raw = read_bytes(side, MAX_SIDECAR_BYTES, f"the JSON sidecar of {path}", "a token-file sidecar")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -176,14 +164,7 @@ def describe(path: str | os.PathLike, vocab_size: int, seq_len: int) -> TokenFil
     """How to read token file ``path`` for a model of ``vocab_size`` ids and sequences of ``seq_len``
     (see the module's docstring for the rule); one SpecError line when it cannot train that model."""
     p = Path(path)
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise SpecError(f"--data {path}: no such file (a token file; autoplan prepare-data makes one)") from None
-    except OSError as err:
-        raise SpecError(f"--data {path}: cannot read ({err.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SpecError(f"--data {path}: not a regular file (a token file; autoplan prepare-data makes one)")
+    st = regular_file(p, f"--data {path}", "a token file; autoplan prepare-data makes one")
     side = sidecar_path(path)
     info = read_sidecar(path)
     if info is not None:
