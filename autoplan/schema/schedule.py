@@ -124,27 +124,17 @@ def interleaved_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
     total = v * m
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
 
-    def forward_stage(step: int) -> int:
-        return ((step // per_round) % v) * pp + rank
-
-    def backward_stage(step: int) -> int:
-        return (v - 1 - ((step - warmup) // per_round) % v) * pp + rank
-
-    next_fwd: dict[int, int] = {}
-    next_bwd: dict[int, int] = {}
-
-    def take(counter: dict[int, int], stage: int) -> int:
-        counter[stage] = counter.get(stage, 0) + 1
-        return counter[stage] - 1
-
+    forwards, backwards = [0] * v, [0] * v  # per local stage, the next micro-batch of each kind
     actions: list[Action] = []
     for step in range(total + warmup):
         if step < total:  # a forward at this step (warm-up or steady state)
-            s = forward_stage(step)
-            actions.append(Action(s, "F", take(next_fwd, s)))
+            local = (step // per_round) % v
+            actions.append(Action(local * pp + rank, "F", forwards[local]))
+            forwards[local] += 1
         if step >= warmup:  # a backward at this step (steady state or cool-down)
-            s = backward_stage(step)
-            actions.append(Action(s, "B", take(next_bwd, s)))
+            local = v - 1 - ((step - warmup) // per_round) % v
+            actions.append(Action(local * pp + rank, "B", backwards[local]))
+            backwards[local] += 1
     return actions
 
 
@@ -160,34 +150,28 @@ def zb1p_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
     total = v * m
     warmup = min((v - 1) * per_round + (pp - 1 - rank), total)
 
-    def forward_stage(step: int) -> int:
-        return ((step // per_round) % v) * pp + rank
-
-    def backward_stage(step: int) -> int:
-        return (v - 1 - ((step - warmup) // per_round) % v) * pp + rank
-
-    counters: dict[tuple[int, str], int] = {}
-
-    def act(stage: int, kind: Kind) -> Action:
-        i = counters.get((stage, kind), 0)
-        counters[(stage, kind)] = i + 1
-        return Action(stage, kind, i)
-
+    # per local stage, the next micro-batch of each kind; a W repeats the stage and micro-batch of the I
+    # it defers (torch counts W per stage in the same order as I)
+    forwards, inputs_done = [0] * v, [0] * v
     actions: list[Action] = []
-    backward_steps: list[int] = []
+    inputs: list[Action] = []
     weights_done = 0
     for step in range(total + warmup):
         if step < total:
-            actions.append(act(forward_stage(step), "F"))
+            local = (step // per_round) % v
+            actions.append(Action(local * pp + rank, "F", forwards[local]))
+            forwards[local] += 1
         if step >= warmup:
-            actions.append(act(backward_stage(step), "I"))
-            backward_steps.append(step)
+            local = v - 1 - ((step - warmup) // per_round) % v
+            backward = Action(local * pp + rank, "I", inputs_done[local])
+            inputs_done[local] += 1
+            actions.append(backward)
+            inputs.append(backward)
             if step - warmup >= rank:  # W deferred by `rank` backwards (torch's num_1f1b_microbatches)
-                actions.append(act(backward_stage(backward_steps[weights_done]), "W"))
+                deferred = inputs[weights_done]
+                actions.append(Action(deferred.stage, "W", deferred.microbatch))
                 weights_done += 1
-    while weights_done < len(backward_steps):
-        actions.append(act(backward_stage(backward_steps[weights_done]), "W"))
-        weights_done += 1
+    actions += [Action(a.stage, "W", a.microbatch) for a in inputs[weights_done:]]
     return actions
 
 
