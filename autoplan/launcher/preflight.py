@@ -2,10 +2,12 @@
 
 Before this, the ranks found bad options only after torchrun had started them (60-260 lines per
 mistake, after up to a minute), and a plan for 128 nodes started 1,024 processes on one machine.
-Checked here: the plan; the numbers (steps, checkpoint interval, timeout, restarts); the data file (a
-regular file of uint16 tokens, long enough, every id below the vocabulary); the metrics file (writable);
+Checked here: the plan; the numbers (steps, checkpoint interval, timeout, restarts) and the training
+knobs; the data file (schema/token_file.py ``describe``: its sidecar, dtype and vocabulary against the
+model's, long enough, its first ids below the vocabulary; no silent default); the metrics file (writable);
 the checkpoint folder (a writable folder, not locked by another run, holding a checkpoint of this
-model when resuming and none when not); the trace folder; the plan's memory per pipeline rank,
+model when resuming and none when not); the trace and TensorBoard folders (paths of an sbatch script are
+left to the ranks on the cluster); the plan's memory per pipeline rank,
 re-derived from its model and layout by the cost model rather than read from its ``predicted`` block
 (autoplan/report/recheck.py); and the devices: the plan's processes per node against the
 GPUs this machine shows (or, for gloo plans, what its cores can run), with the torchrun line for every
