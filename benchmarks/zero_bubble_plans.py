@@ -23,7 +23,7 @@ from autoplan.cost.model_workload import workload_fn
 from autoplan.report.tables import layout_label, recompute_label, render
 from autoplan.schema import TrainingSetup, load_cluster, load_model
 from autoplan.search.planner import search
-from autoplan.search.result import plan_of, predicted_of, solver_info
+from autoplan.search.result import predicted_of
 from autoplan.search.space import Pins, SearchLimits
 from autoplan.schema.schedule import ZERO_BUBBLE
 
@@ -33,17 +33,10 @@ JOBS = {"70b@128": ("llama3-70b", 128, 1024), "405b@128": ("llama3-405b", 128, 1
 """MODEL@NODES: (model, nodes of 8 H100, global batch in sequences of 8,192 tokens)."""
 
 
-def row(label: str, model, cluster, training, candidate, wall_s: float) -> list[str]:
+def row(label: str, cluster, training, candidate, wall_s: float) -> list[str]:
     layout, p = predicted_of(candidate, cluster, training)
-    plan = plan_of(model, cluster, training, candidate, solver_info_stub())
-    return [label, layout_label(plan), recompute_label(plan), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
+    return [label, layout_label(layout), recompute_label(layout), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
             f"{p.mfu:.1%}", f"{p.peak_memory_gib:.1f}", f"{wall_s:.2f}"]
-
-
-def solver_info_stub():
-    from autoplan.schema.plan import SolverInfo
-
-    return SolverInfo(name="bnb", status="OPTIMAL", objective=0.0, wall_s=0.0)
 
 
 def main() -> int:
@@ -73,9 +66,9 @@ def main() -> int:
                 best_zb = (min(options, key=lambda c: c.step_ns), time.perf_counter() - t0)
         job = f"{name} on {nodes * 8:,} H100, {batch} x 8192"
         for label, (result, wall) in found.items():
-            rows.append(row(f"{job}: {label}", model, cluster, training, result.best, wall))
+            rows.append(row(f"{job}: {label}", cluster, training, result.best, wall))
         if best_zb is not None:
-            rows.append(row(f"{job}: best zero-bubble", model, cluster, training, *best_zb))
+            rows.append(row(f"{job}: best zero-bubble", cluster, training, *best_zb))
         print(f"{job}: done", flush=True)
     print()
     print(render(rows, ["job: schedules searched", "layout", "recompute", "step s", "tokens/s", "MFU", "peak GiB",

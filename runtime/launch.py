@@ -11,7 +11,7 @@ import os
 import sys
 
 from autoplan.errors import SpecError
-from autoplan.schema.training import KNOB_FLAGS
+from autoplan.schema.training import KNOB_FLAGS, knob_argument
 from runtime.train.watchdog import DEFAULT_TIMEOUT_S, PEER_LOST_EXIT, TIMEOUT_EXIT, report
 
 
@@ -35,18 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds a collective or pipeline action may wait before the job ends (default 300)")
     for flag, name in KNOB_FLAGS.items():  # autoplan run's training knobs, passed on (launcher/knobs.py)
-        p.add_argument(flag, dest=f"knob_{name}", type=_knob_type(name),
-                       help=f"override the plan's training.{name} for this run")
+        p.add_argument(flag, help=f"override the plan's training.{name} for this run", **knob_argument(name))
     return p
-
-
-def _knob_type(name: str):
-    import typing
-
-    from autoplan.schema.training import TrainingSetup
-
-    kind = typing.get_type_hints(TrainingSetup)[name]
-    return str if typing.get_origin(kind) is typing.Literal else kind
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,10 +70,9 @@ def _main(args: argparse.Namespace) -> int:
     import dataclasses
 
     from autoplan.schema import load_plan
-    from autoplan.schema.training import with_knobs
+    from autoplan.schema.training import knobs_given, with_knobs
     plan = load_plan(args.plan)  # SpecError on a missing file or a bad plan
-    knobs = {name: getattr(args, f"knob_{name}") for name in KNOB_FLAGS.values()
-             if getattr(args, f"knob_{name}") is not None}
+    knobs = knobs_given(args)
     if knobs:
         plan = dataclasses.replace(plan, training=with_knobs(plan.training, knobs))
     if args.steps < 1:

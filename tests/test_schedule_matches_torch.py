@@ -38,9 +38,28 @@ GRID = [(pp, m) for pp in (2, 3, 4, 8) for m in (1, 2, 3, 4, 6, 8, 12, 16)]
 
 
 def compute_only(actions) -> list[str]:
-    """torch actions -> "2F0" strings, dropping idle slots (None) and non-compute markers."""
-    return [f"{a.stage_index}{a.computation_type.value}{a.microbatch_index}" for a in actions
-            if a is not None and a.computation_type.value in ("F", "B")]
+    """torch actions -> "2F0" strings, dropping idle slots (None) and non-compute markers, an overlapped F+B
+    pair (DualPipeV) as its two sub-actions, in the order torch's runtime runs them."""
+    out = []
+    for a in actions:
+        if a is None:
+            continue
+        subs = a.sub_actions if a.computation_type == _ComputationType.OVERLAP_F_B else (a,)
+        out += [f"{b.stage_index}{b.computation_type.value}{b.microbatch_index}" for b in subs
+                if b.computation_type.value in ("F", "B", "I", "W")]
+    return out
+
+
+def rounds_schedule(cls, pp: int, v: int, m: int):
+    """A torch looped schedule object (interleaved 1F1B or zero bubble) with just the attributes its
+    per-rank order reads, made with __new__; None for a micro-batch count the plan refuses for it."""
+    rounds = max(1, m // pp)
+    if m % rounds:
+        return None
+    sch = cls.__new__(cls)
+    sch.pp_group_size, sch.n_local_stages, sch._n_microbatches = pp, v, m
+    sch.number_of_rounds, sch.microbatches_per_round = rounds, m // rounds
+    return sch
 
 
 def ours(kind: str, pp: int, v: int, m: int) -> dict[int, list[str]]:
@@ -68,12 +87,9 @@ def test_1f1b_ir_all_but_last_rank(pp, m):
 @pytest.mark.parametrize("v", [2, 3])
 @pytest.mark.parametrize(("pp", "m"), GRID)
 def test_interleaved_ir(pp, m, v):
-    rounds = max(1, m // pp)
-    if m % rounds:
+    sch = rounds_schedule(ScheduleInterleaved1F1B, pp, v, m)
+    if sch is None:
         pytest.skip("the plan refuses this micro-batch count for interleaved (schema Layout.validate)")
-    sch = ScheduleInterleaved1F1B.__new__(ScheduleInterleaved1F1B)
-    sch.pp_group_size, sch.n_local_stages, sch._n_microbatches = pp, v, m
-    sch.number_of_rounds, sch.microbatches_per_round = rounds, m // rounds
     expected = ours("interleaved", pp, v, m)
     for rank in range(pp):
         sch.rank = rank
@@ -81,27 +97,13 @@ def test_interleaved_ir(pp, m, v):
     check_schedule(build_schedule("interleaved", pp, v, m), "interleaved", pp, pp * v, m)
 
 
-def flattened(actions) -> list[str]:
-    """torch actions -> "2F0" strings, idle slots dropped, an overlapped F+B pair as its two sub-actions."""
-    out = []
-    for a in actions:
-        if a is None:
-            continue
-        subs = a.sub_actions if a.computation_type == _ComputationType.OVERLAP_F_B else (a,)
-        out += [f"{b.stage_index}{b.computation_type.value}{b.microbatch_index}" for b in subs]
-    return out
-
-
 @pytest.mark.parametrize("v", [1, 2, 3])
 @pytest.mark.parametrize(("pp", "m"), GRID)
 def test_zb1p_ir(pp, m, v):
-    rounds = max(1, m // pp)
-    if m % rounds:
+    sch = rounds_schedule(ScheduleInterleavedZeroBubble, pp, v, m)
+    if sch is None:
         pytest.skip("the plan refuses this micro-batch count for zb1p (schema Layout.validate)")
-    sch = ScheduleInterleavedZeroBubble.__new__(ScheduleInterleavedZeroBubble)
-    sch.pp_group_size, sch.n_local_stages, sch._n_microbatches = pp, v, m
-    sch.number_of_rounds, sch.microbatches_per_round = rounds, m // rounds
-    assert {r: flattened(sch._calculate_single_rank_operations(r)) for r in range(pp)} == ours("zb1p", pp, v, m)
+    assert {r: compute_only(sch._calculate_single_rank_operations(r)) for r in range(pp)} == ours("zb1p", pp, v, m)
     check_schedule(build_schedule("zb1p", pp, v, m), "zb1p", pp, pp * v, m)
 
 
@@ -112,7 +114,7 @@ def test_zbv_and_dualpipev_ir(pp, m):
             continue  # torch refuses it too
         sch = cls.__new__(cls)
         sch.pp_group_size, sch._n_microbatches, sch.num_stages = pp, m, 2 * pp
-        assert {r: flattened(sch._calculate_single_rank_operations(r)) for r in range(pp)} == ours(kind, pp, 2, m)
+        assert {r: compute_only(sch._calculate_single_rank_operations(r)) for r in range(pp)} == ours(kind, pp, 2, m)
         check_schedule(build_schedule(kind, pp, 2, m), kind, pp, 2 * pp, m)
 
 

@@ -48,9 +48,10 @@ def stderr_progress(message: str, final: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _zero_bubble_gain(best, model, fn, cluster, training, pins) -> str | None:
-    """A zero-bubble winner's line on what its schedule bought: the same configuration searched under the
-    classic schedule with the same stages per rank (1f1b, gpipe where m < pp, or interleaved for two or more)."""
+def _zero_bubble_gain(best, predicted, model, fn, cluster, training, pins) -> str | None:
+    """A zero-bubble winner's line on what its schedule bought (``predicted``: the winner's, as ranked): the
+    same configuration searched under the classic schedule with the same stages per rank (1f1b, gpipe where
+    m < pp, or interleaved for two or more)."""
     from autoplan.report.why import schedule_gain
     from autoplan.schema.schedule import ZERO_BUBBLE
     from autoplan.search.planner import search
@@ -64,7 +65,7 @@ def _zero_bubble_gain(best, model, fn, cluster, training, pins) -> str | None:
     same = dataclasses.replace(pins, **{**fixed, "schedule": classic})
     other = search(model, fn, cluster, training, same, top_k=1).best
     label = f"interleaved (v={c.virtual_stages})" if classic == "interleaved" else classic
-    return schedule_gain(c.schedule, predicted_of(best, cluster, training)[1], label,
+    return schedule_gain(c.schedule, predicted, label,
                          predicted_of(other, cluster, training)[1] if other else None)
 
 
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
           f"configurations, {result.evaluated} with layouts simulated ({result.simulated} layouts), {rest})\n")
     print(ranking_table(ranked))
     print("\n" + why_winner(ranked))
-    gain = _zero_bubble_gain(result.best, model, make(model, cluster, training), cluster, training, pins)
+    gain = _zero_bubble_gain(result.best, ranked[0][1], model, make(model, cluster, training), cluster, training,
+                             pins)
     if gain:
         print(gain)
     print("\n" + breakdown_table(ranked[0][1]))

@@ -8,9 +8,8 @@ says by default."""
 from __future__ import annotations
 
 import argparse
-import typing
 
-from autoplan.schema.training import KNOB_FLAGS, TrainingSetup, with_knobs
+from autoplan.schema.training import KNOB_FLAGS, knob_argument, knobs_given
 
 HELP = {
     "--lr": "peak learning rate (default: the plan's training.learning_rate)",
@@ -25,20 +24,14 @@ HELP = {
 
 
 def add_knob_arguments(p: argparse.ArgumentParser) -> None:
-    hints = typing.get_type_hints(TrainingSetup)
     for flag, name in KNOB_FLAGS.items():
-        kind = hints[name]
-        if typing.get_origin(kind) is typing.Literal:
-            p.add_argument(flag, dest=f"knob_{name}", choices=typing.get_args(kind), help=HELP[flag])
-        else:
-            p.add_argument(flag, dest=f"knob_{name}", type=kind, help=HELP[flag], metavar="N" if kind is int else "X")
+        p.add_argument(flag, help=HELP[flag], **knob_argument(name))
 
 
 def knobs_of(args: argparse.Namespace, steps: int | None = None) -> dict[str, object]:
     """The knobs given on the command line (field name -> value); ``steps``: the run's steps, which
     ``decay_steps`` defaults to."""
-    knobs = {name: getattr(args, f"knob_{name}") for name in KNOB_FLAGS.values()
-             if getattr(args, f"knob_{name}", None) is not None}
+    knobs = knobs_given(args)
     if steps is not None:
         knobs.setdefault("decay_steps", steps)
     return knobs
@@ -51,7 +44,3 @@ def knob_arguments(knobs: dict[str, object]) -> list[str]:
     for name, value in knobs.items():
         out += [flags[name], repr(value) if isinstance(value, float) else str(value)]
     return out
-
-
-def apply(training: TrainingSetup, knobs: dict[str, object]) -> TrainingSetup:
-    return with_knobs(training, knobs)

@@ -30,7 +30,7 @@ from autoplan.launcher.knobs import knob_arguments, knobs_of
 from autoplan.schema.training import with_knobs
 from autoplan.report.recheck import recheck
 from autoplan.schema import Plan
-from autoplan.schema._files import check_folder, check_writable, probe_folder
+from autoplan.schema._files import check_folder, check_writable
 from autoplan.schema._io import to_dict
 from autoplan.schema.limits import MAX_NODES, MAX_STEPS
 from autoplan.schema.token_file import describe
@@ -117,17 +117,9 @@ def check_checkpoint_dir(args: argparse.Namespace, plan: Plan) -> None:
         return
     folder = Path(args.checkpoint_dir)
     flag = "--checkpoint-dir"
-    if str(args.checkpoint_dir) == "":
-        raise SpecError(f"{flag}: empty; give a folder")
-    if folder.exists() and not folder.is_dir():
-        raise SpecError(f"{flag} {folder}: is a file, not a folder; give a folder for the checkpoints")
-    if not folder.exists():
-        if not folder.parent.is_dir():
-            raise SpecError(f"{flag} {folder}: its parent {folder.parent} does not exist; create it first")
-        probe_folder(folder.parent, f"{flag} {folder}")
-        found = []
-    else:
-        probe_folder(folder, f"{flag} {folder}")
+    check_folder(args.checkpoint_dir, flag)  # a folder we may write in, or a new one whose parent we may
+    found = []
+    if folder.is_dir():
         check_free(folder)
         found = complete_checkpoints(folder)
     if not args.resume:

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import SpecError
+from autoplan.schema._files import decode_utf8
 from autoplan.schema.fingerprint import FINGERPRINT_CHARS, FINGERPRINT_KEY
 from autoplan.schema.limits import MAX_DEVICES, MAX_STEPS
 from autoplan.schema.trace import MEASURED_TERMS, SPEED_PROBE_KEY, TRACE_FORMAT
 
 MERGED_TRACE = "merged.json"
+UTF8_FIX = "autoplan run writes UTF-8 JSON"
 
 # What a metrics row may hold (runtime/train/metrics.py ``MetricsLog.record`` writes them). The runtime
 # rounds seconds and GiB to 6 decimals, tokens/s to 2 and probe times to 3: a positive value below that
@@ -77,14 +79,6 @@ def _read_bytes(p: Path, what: str) -> bytes:
         raise SpecError(f"{what}{p}: cannot read ({err.strerror or type(err).__name__})") from None
 
 
-def _utf8(raw: bytes, p: Path, what: str) -> str:
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{what}{p}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
-                        "autoplan run writes UTF-8 JSON") from None
-
-
 def read_metrics(path: str | Path) -> list[dict]:
     """The rows of a metrics file, each checked (``check_row``), steps in order, one per-rank width."""
     p = Path(path)
@@ -92,7 +86,7 @@ def read_metrics(path: str | Path) -> list[dict]:
         raise SpecError(f"{path}: no such metrics file (autoplan run --metrics writes one)")
     if not p.is_file():
         raise SpecError(f"{path}: not a regular file; give the metrics file autoplan run --metrics wrote")
-    text = _utf8(_read_bytes(p, ""), p, "")
+    text = decode_utf8(_read_bytes(p, ""), str(p), UTF8_FIX)
     rows: list[dict] = []
     first_line = 0
     width: tuple[int, int] | None = None  # (values per rank, the line that set it)
@@ -183,7 +177,7 @@ def read_measured_trace(path: str | Path) -> dict[str, Any]:
     p = p / MERGED_TRACE if p.is_dir() else p
     if not p.is_file():
         raise SpecError(f"--trace: {p}: no such file (autoplan run --trace DIR writes DIR/{MERGED_TRACE})")
-    text = _utf8(_read_bytes(p, "--trace: "), p, "--trace: ")
+    text = decode_utf8(_read_bytes(p, "--trace: "), f"--trace: {p}", UTF8_FIX)
     not_trace = f"--trace: {p}: not a step trace written by autoplan run --trace"
     try:
         info = json.loads(text)["otherData"]["autoplan"]

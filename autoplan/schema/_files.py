@@ -69,12 +69,16 @@ def read_bytes(path: str | os.PathLike, limit_bytes: int, expected: str, what: s
 def read_text(path: str | os.PathLike, limit_bytes: int = MAX_YAML_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``limit_bytes``."""
     p = Path(path)
-    raw = read_bytes(p, limit_bytes, "a YAML file", "a YAML input")
+    return decode_utf8(read_bytes(p, limit_bytes, "a YAML file", "a YAML input"), str(p))
+
+
+def decode_utf8(raw: bytes, label: str, fix: str = "save it as UTF-8") -> str:
+    """``raw`` as UTF-8 text (a leading byte-order mark dropped); otherwise one SpecError line starting with
+    ``label`` that names the first bad byte and its offset, then ``fix``."""
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise SpecError(f"{p}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
-                        "save it as UTF-8") from None
+        raise SpecError(f"{label}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); {fix}") from None
 
 
 def _target(path: str | os.PathLike, what: str) -> Path:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import SpecError
-from autoplan.schema._files import read_bytes
+from autoplan.schema._files import decode_utf8, read_bytes
 from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE, MAX_YAML_BYTES
 from autoplan.schema.model import ModelSpec
 
@@ -158,11 +158,7 @@ def _read(p: Path) -> bytes:
 
 
 def _parse(p: Path, raw: bytes) -> Any:
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{p}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
-                        "save it as UTF-8") from None
+    text = decode_utf8(raw, str(p))
     if not text.strip():
         raise SpecError(f"{p}: empty file; a Hugging Face config.json is one {{...}} object with a model_type key")
     try:

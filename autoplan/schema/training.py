@@ -11,14 +11,29 @@ from autoplan.schema.hardware import Precision
 from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_LEARNING_RATE, MAX_SEED, MAX_SEQ_LEN, MAX_STEPS
 
 
-KNOBS = ("learning_rate", "min_learning_rate", "warmup_steps", "decay_steps", "lr_schedule", "weight_decay",
-         "grad_clip", "seed")
-"""Training fields that change what is learned but not what a step costs: ``autoplan run`` takes them on its
-command line (``--lr`` ...), and a run's fingerprint (schema/fingerprint.py) leaves them out."""
 KNOB_FLAGS = {"--lr": "learning_rate", "--min-lr": "min_learning_rate", "--warmup-steps": "warmup_steps",
               "--decay-steps": "decay_steps", "--lr-schedule": "lr_schedule", "--weight-decay": "weight_decay",
               "--clip-grad": "grad_clip", "--seed": "seed"}
 """The command-line name of each knob (``autoplan run`` and ``runtime.launch`` take the same flags)."""
+KNOBS = tuple(KNOB_FLAGS.values())
+"""Training fields that change what is learned but not what a step costs: ``autoplan run`` takes them on its
+command line (``--lr`` ...), and a run's fingerprint (schema/fingerprint.py) leaves them out."""
+
+
+def knob_argument(name: str) -> dict[str, object]:
+    """``argparse`` keywords for knob ``name``, from its field's type: its destination (``knob_NAME``), and
+    its type, or its choices for a Literal; ``autoplan run`` and ``runtime.launch`` both register them."""
+    import typing
+
+    kind = typing.get_type_hints(TrainingSetup)[name]
+    if typing.get_origin(kind) is Literal:
+        return {"dest": f"knob_{name}", "choices": typing.get_args(kind)}
+    return {"dest": f"knob_{name}", "type": kind, "metavar": "N" if kind is int else "X"}
+
+
+def knobs_given(args: object) -> dict[str, object]:
+    """The knobs an ``argparse`` namespace holds (field name -> value), those not given left out."""
+    return {name: getattr(args, f"knob_{name}") for name in KNOBS if getattr(args, f"knob_{name}", None) is not None}
 
 
 def with_knobs(training: "TrainingSetup", knobs: dict[str, object]) -> "TrainingSetup":

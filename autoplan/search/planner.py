@@ -194,10 +194,8 @@ class _Run:
         key = 0
 
         def line() -> str:
-            found = [s.best[0] for s in self.states if s.best]
-            best = f"best {min(found) * 1e-9:.3f} s" if found else "nothing fits yet"
             return (f"searching: {self.bounded}/{self.considered} configurations bounded, {self.simulated} layouts "
-                    f"simulated, {best}, bound {key * 1e-9:.3f} s, {self.elapsed():.1f} s")
+                    f"simulated, {self.best_so_far()}, bound {key * 1e-9:.3f} s, {self.elapsed():.1f} s")
 
         while heap:
             _, _, key, kind, item = heapq.heappop(heap)
@@ -306,36 +304,17 @@ class _Run:
         stopped = False
 
         def line() -> str:
-            found = [s.best[0] for s in self.states if s.best]
-            best = f"best {min(found) * 1e-9:.3f} s" if found else "nothing fits yet"
-            return (f"brute force: {self.considered} configurations, {self.simulated} layouts simulated, {best}, "
-                    f"{self.elapsed():.1f} s")
+            return (f"brute force: {self.considered} configurations, {self.simulated} layouts simulated, "
+                    f"{self.best_so_far()}, {self.elapsed():.1f} s")
 
-        for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
-            workload = self.workload(group)
-            for config in group_configs(group, self.cluster, self.pins, self.num_layers, self.limits):
-                self.considered += 1
-                self.bounded += 1
-                table = build_table(workload, self.cluster, self.training, config)
-                state = _ConfigState(table, workload, self.splits(config))
-                self.states.append(state)
-                for index, split in enumerate(state.splits):
-                    per_stage = [[StageShape(n, sel, full) for sel, full in stage_choices(n, self.pins.recompute)]
-                                 for n in split]
-                    for shapes in itertools.product(*per_stage):
-                        evaluation = evaluate(table, shapes)
-                        self.simulated += 1
-                        if evaluation.fits and (state.best is None or evaluation.step_ns < state.best[0]):
-                            state.best = (evaluation.step_ns, index, shapes)
-                        self.report(line)
-                        if self.time_limit_s is not None and self.elapsed() > self.time_limit_s:
-                            stopped = True
-                            break
-                    if stopped:
-                        break
-                if stopped:
-                    break
-            if stopped:
+        for state, index, shapes in self.every_layout():
+            evaluation = evaluate(state.table, shapes)
+            self.simulated += 1
+            if evaluation.fits and (state.best is None or evaluation.step_ns < state.best[0]):
+                state.best = (evaluation.step_ns, index, shapes)
+            self.report(line)
+            if self.time_limit_s is not None and self.elapsed() > self.time_limit_s:
+                stopped = True
                 break
         self.states = [s for s in self.states if s.best is not None]
         ranked = self.rank()
@@ -343,6 +322,28 @@ class _Run:
         self.report(lambda: self.summary(status), final=True)
         return SearchResult(tuple(ranked), status, self.elapsed(), self.considered, len(self.states),
                             self.bounded, self.simulated, 0 if stopped or not ranked else ranked[0].step_ns)
+
+    def every_layout(self):
+        """(configuration state, split index, stage shapes) of every layout in the space, configuration by
+        configuration; each configuration's state is in ``self.states`` from its first layout on."""
+        for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
+            workload = self.workload(group)
+            for config in group_configs(group, self.cluster, self.pins, self.num_layers, self.limits):
+                self.considered += 1
+                self.bounded += 1
+                state = _ConfigState(build_table(workload, self.cluster, self.training, config), workload,
+                                     self.splits(config))
+                self.states.append(state)
+                for index, split in enumerate(state.splits):
+                    per_stage = [[StageShape(n, sel, full) for sel, full in stage_choices(n, self.pins.recompute)]
+                                 for n in split]
+                    for shapes in itertools.product(*per_stage):
+                        yield state, index, shapes
+
+    def best_so_far(self) -> str:
+        """The progress line's "best ... s" (or "nothing fits yet")."""
+        found = [s.best[0] for s in self.states if s.best]
+        return f"best {min(found) * 1e-9:.3f} s" if found else "nothing fits yet"
 
     def rank(self) -> list[Candidate]:
         """The K best configurations (all those tied with the K-th), each evaluated in full by evaluate.py,
