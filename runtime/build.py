@@ -6,11 +6,15 @@ layout-free values (runtime/models/init.py). Then PipelineStage + the plan's sch
 
 ``materialize=False`` stops before ``to_empty``: what ``autoplan run --dry-run`` inspects (parameters
 and their sharding, layers per stage) for any plan size, on a fake process group.
+
+``init_from`` (a Hugging Face model folder, ``--init-from``): the materialised shards are read from its
+safetensors files (runtime/hf/load.py, each rank its own boxes) instead of drawn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -68,8 +72,9 @@ def local_stage_ids(plan: Plan, pp_rank: int) -> list[int]:
 
 
 def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool, meter: MemoryMeter | None,
-                materialize: bool, positions: torch.Tensor | None = None) -> nn.Module:
-    """One stage of the plan for this rank: meta build, TP, CP, recomputation, DP/ZeRO, then real memory."""
+                materialize: bool, positions: torch.Tensor | None = None, init_from: Path | None = None) -> nn.Module:
+    """One stage of the plan for this rank: meta build, TP, CP, recomputation, DP/ZeRO, then real memory,
+    filled with layout-free initial values or, with ``init_from``, a Hugging Face folder's weights."""
     stage, last = plan.stages[stage_id], plan.num_stages - 1
     model = build_stage_model(plan.model, plan.training.seq_len, range(*stage.layers), stage_id == 0,
                               stage_id == last, device="meta", vocab_rows=plan.padded_vocab_size)
@@ -88,7 +93,11 @@ def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool
         to_empty_keeping_ties(model, torch.device("cpu") if plan.offload_optimizer else pm.device)
         move_buffers(model, pm.device)
         init_buffers(model)
-        init_parameters(model, plan.model, plan.training.seed)
+        if init_from is not None:
+            from runtime.hf.load import load_hf_weights
+            load_hf_weights([model], plan.model, init_from)
+        else:
+            init_parameters(model, plan.model, plan.training.seed)
     return model
 
 
@@ -118,7 +127,8 @@ def move_buffers(model: nn.Module, device: torch.device) -> None:
                 module._buffers[name] = buf.to(device)
 
 
-def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, materialize: bool = True) -> Parts:
+def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, materialize: bool = True,
+                init_from: Path | None = None) -> Parts:
     num_stages = plan.num_stages
     stage_ids = local_stage_ids(plan, pm.pp_rank)
     # loss_parallel keeps logits vocab-sharded into the loss; only where we compute the loss ourselves
@@ -127,7 +137,7 @@ def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, 
     positions = None
     if plan.cp > 1:
         positions = torch.tensor(shard_positions(plan.training.seq_len, plan.cp, pm.cp_rank), device=pm.device)
-    models = [build_stage(plan, pm, sid, loss_parallel, meter, materialize, positions) for sid in stage_ids]
+    models = [build_stage(plan, pm, sid, loss_parallel, meter, materialize, positions, init_from) for sid in stage_ids]
     dropout = DropoutState(plan.training.seed)
     for model in models:
         attach(model, dropout)

@@ -32,6 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", metavar="FILE", help="every step's phases per rank, wall and CPU time, as a "
                    "Chrome/Perfetto trace written by rank 0 (runtime/train/phase_clock.py)")
     p.add_argument("--tensorboard", metavar="DIR", help="TensorBoard scalars of every step (rank 0)")
+    p.add_argument("--init-from", metavar="DIR", help="start from a Hugging Face model folder (config.json + "
+                   "safetensors; runtime/hf/) instead of random weights; with --resume and a checkpoint to "
+                   "resume from, the checkpoint wins")
+    p.add_argument("--save-hf", metavar="DIR", help="after the last step, write the weights as a Hugging Face "
+                   "folder (config.json + safetensors) that transformers loads")
+    p.add_argument("--eval-data", metavar="FILE", help="token file for validation (runtime/evaluate.py)")
+    p.add_argument("--eval-every", type=int, default=0, help="with --eval-data: evaluate every K steps and after "
+                   "the last (default 0: after the last only)")
+    p.add_argument("--eval-sequences", type=int, help="windows evaluated each time (default: one global batch)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds a collective or pipeline action may wait before the job ends (default 300)")
     for flag, name in KNOB_FLAGS.items():  # autoplan run's training knobs, passed on (launcher/knobs.py)
@@ -41,11 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return guarded("runtime.launch", _main, args)
+
+
+def guarded(prog: str, body, args: argparse.Namespace) -> int:
+    """``body(args)`` with bad input as one line per rank (status 2) and timeouts, lost peers and non-finite
+    stops as their statuses (runtime/train/watchdog.py); shared by every torchrun entry point."""
     rank = int(os.environ.get("RANK", "0"))
     try:
-        return _main(args)
+        return body(args)
     except SpecError as err:
-        print(f"runtime.launch (rank {rank}): error: {err}", file=sys.stderr, flush=True)
+        print(f"{prog} (rank {rank}): error: {err}", file=sys.stderr, flush=True)
         return 2
     except Exception as err:  # a non-finite stop, a timeout or a lost peer: one line; anything else: a bug
         status = report(err, rank, args.timeout)
@@ -81,8 +96,18 @@ def _main(args: argparse.Namespace) -> int:
         raise SpecError("--resume: needs --checkpoint-dir")
     if args.checkpoint_every < 0:
         raise SpecError("--checkpoint-every: must be >= 0")
+    if args.eval_data is None and (args.eval_every or args.eval_sequences is not None):
+        raise SpecError(f"{'--eval-every' if args.eval_every else '--eval-sequences'}: needs --eval-data")
+    if args.eval_every < 0:
+        raise SpecError("--eval-every: must be >= 0")
     if not 0 < args.timeout < float("inf"):
         raise SpecError(f"--timeout: {args.timeout} must be a positive number of seconds")
+    if args.init_from is not None:  # headers only, on every rank: one line before any collective
+        from runtime.hf.files import check_init_folder
+        check_init_folder(args.init_from, plan.model, plan.training.seq_len)
+    if args.save_hf is not None and os.environ.get("RANK", "0") == "0":
+        from runtime.hf.files import check_output
+        check_output(args.save_hf, force=False, flag="--save-hf", can_force=False)
     if args.metrics is not None and os.environ.get("RANK", "0") == "0":  # `autoplan run` checked it already
         from autoplan.schema._files import check_writable
         check_writable(args.metrics, "--metrics")
@@ -108,13 +133,24 @@ def _main(args: argparse.Namespace) -> int:
     quiet_schedule_logs()
     dist.init_process_group(backend, timeout=set_timeout(args.timeout))
     pm = mesh_of_plan(plan, device)
-    trainer = Trainer(plan, pm, data)
+    init_from = None
+    if args.init_from is not None:
+        from runtime.hf.in_training import folder_to_read
+        init_from = folder_to_read(args.init_from, args.checkpoint_dir, args.resume)
+    trainer = Trainer(plan, pm, data, init_from=init_from)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,
-                            args.log_every, args.trace, args.timeline, args.tensorboard))
+                            args.log_every, args.trace, args.timeline, args.tensorboard, eval_data=args.eval_data,
+                            eval_every=args.eval_every, eval_sequences=args.eval_sequences))
+    saved = None
+    if args.save_hf is not None:
+        from runtime.hf.in_training import export_at_end, save_at_end
+        saved = save_at_end(trainer, args.steps, args.checkpoint_dir, args.save_hf)
     # barrier before teardown: exits are flaky otherwise (runtime-notes §7). Not in a `finally`: a rank
     # that failed must exit (torchrun then stops the others) rather than wait here for ranks that cannot come.
     dist.barrier()
     dist.destroy_process_group()
+    if saved is not None and os.environ["RANK"] == "0":  # after the collectives: no rank waits on it
+        export_at_end(saved, args.save_hf, plan.model)
     if lock is not None:
         lock.release()
     return 0

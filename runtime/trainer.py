@@ -6,6 +6,7 @@ import contextlib
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,7 @@ from autoplan.schema import Plan
 from autoplan.schema.fingerprint import plan_fingerprint
 from runtime.build import Parts, build_parts, cross_entropy
 from runtime.device import GIB, MemoryMeter, autocast_dtype
+from runtime.evaluate import EvalWindows, Evaluator
 from runtime.mesh import ParallelMesh
 from runtime.parallel.context_parallel import shard_sequence
 from runtime.parallel.data_parallel import local, set_microbatch_sync
@@ -45,10 +47,12 @@ class StepResult:
 class Trainer:
     """Builds this rank's parts from the plan and runs optimizer steps; ``step(i)`` is step i (0-based)."""
 
-    def __init__(self, plan: Plan, pm: ParallelMesh, data: TokenSource) -> None:
+    def __init__(self, plan: Plan, pm: ParallelMesh, data: TokenSource, init_from: Path | None = None) -> None:
+        """``init_from``: a Hugging Face model folder the weights are read from (runtime/hf/load.py) instead
+        of the plan's seeded initial values."""
         self.plan, self.pm, self.data = plan, pm, data
         self.meter = MemoryMeter(pm.device)
-        self.parts: Parts = build_parts(plan, pm, self.meter)
+        self.parts: Parts = build_parts(plan, pm, self.meter, init_from=init_from)
         self.amp = autocast_dtype(pm.device, plan.training.precision)
         self.clock: PhaseClock | None = None
         """Set by ``run`` for ``--timeline``: times the phases of every step (runtime/train/phase_clock.py)."""
@@ -172,6 +176,18 @@ class RunOptions:
     """File for every step's phases per rank, wall and CPU time (runtime/train/phase_clock.py)."""
     tensorboard: str | None = None
     """Folder for TensorBoard scalars of every step, written by rank 0 (runtime/train/tensorboard_log.py)."""
+    eval_data: str | None = None
+    """Token file for validation: its first ``eval_sequences`` windows, in order (runtime/evaluate.py)."""
+    eval_every: int = 0
+    """With ``eval_data``: evaluate after every K-th step, and after the last (0: after the last only)."""
+    eval_sequences: int | None = None
+    """Windows evaluated each time (None: one global batch)."""
+
+    def eval_due(self, step: int) -> bool:
+        """Whether validation runs after (1-based) step ``step``."""
+        if self.eval_data is None:
+            return False
+        return step == self.steps or (self.eval_every > 0 and step % self.eval_every == 0)
 
 
 def _eta(rows: list[dict], remaining: int) -> str:
@@ -208,6 +224,11 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     if opts.timeline:
         trainer.clock = PhaseClock()
         trainer.clock.attach(parts)
+    validation = None
+    if opts.eval_data is not None:  # the windows are checked on every rank before the first step
+        windows = EvalWindows.open(opts.eval_data, plan, opts.eval_sequences or plan.training.global_batch_size,
+                                   flag="--eval-data", option="--eval-sequences")
+        validation = (Evaluator(plan, trainer.pm, parts), windows)
     losses = []
     for step in range(start, opts.steps):
         with tracer.step(step) if tracer else contextlib.nullcontext(), trainer._phase(f"step {step + 1}"):
@@ -216,16 +237,23 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
         guard.check_step(step + 1, r.loss, None if r.skipped else r.grad_norm, saved)
         losses.append(r.loss)
         probe = probe_between_steps(trainer.pm.device)  # the host's speed now, outside the timed step
+        eval_loss = None
+        if validation is not None and opts.eval_due(step + 1):
+            with trainer._phase(f"eval {step + 1}"):  # outside the step: its time is not the step's
+                eval_loss = validation[0].mean_loss(validation[1])
         row = log.record(step + 1, r.loss, r.step_time_s, tokens, r.peak_bytes / GIB,
                          lr_at(step, plan.training), r.grad_norm, [b / GIB for b in r.peak_bytes_per_rank],
                          profiled=bool(tracer) and step in tracer.traced, speed_probe=probe,
-                         reserved_gib=trainer.meter.peak_reserved() / GIB if trainer.meter.on_cuda else None)
+                         reserved_gib=trainer.meter.peak_reserved() / GIB if trainer.meter.on_cuda else None,
+                         eval_loss=eval_loss)
         if board is not None:
             board.record(row)
         if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
             print(f"step {row['step']:>5}/{opts.steps}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
                   f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB  "
                   f"ETA {_eta(log.rows, opts.steps - step - 1)}", flush=True)
+        if rank0 and eval_loss is not None:
+            print(f"eval step {step + 1}  loss {eval_loss:.4f}", flush=True)
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
             guard.check_weights(parts.parameters(), step + 1, saved, trainer.pm.device)
             saved = checkpoint.save(opts.checkpoint_dir, step + 1, parts.models, parts.optimizer, plan.model, plan)

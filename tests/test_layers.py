@@ -31,9 +31,10 @@ ALLOWED: dict[str, set[str]] = {
     # the launcher checks a checkpoint folder before any process starts with the runtime's torch-free
     # lock and manifest readers (runtime/train/lock.py, manifest.py)
     # and re-evaluates the plan's memory with the cost model (autoplan/report/recheck.py) rather than trust
-    # its predicted block
+    # its predicted block; it checks an --init-from folder with the runtime's torch-free reader of
+    # safetensors headers (runtime/hf/files.py)
     "autoplan.launcher": {"autoplan.errors", "autoplan.schema", "autoplan.report.recheck", "runtime.train.lock",
-                          "runtime.train.manifest"},
+                          "runtime.train.manifest", "runtime.hf.files"},
     "autoplan.profiler": {"autoplan.errors", "autoplan.schema", "autoplan.cost", "runtime"},
     "autoplan.cli": {"autoplan", "runtime"},
     "runtime": {"autoplan.errors", "autoplan.schema"},

@@ -110,6 +110,11 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
                       attention=args.attention, grad_accumulation_fusion=args.grad_accumulation_fusion,
                       overlap_grad_reduce=args.overlap_grad_reduce),
         {"global_batch_size": "--global-batch-size", "seq_len": "--seq-len", "memory_margin": "--memory-margin"})
+    if isinstance(model, ModelSpec):  # before the search: a plan the runtime would refuse is never written
+        from autoplan.schema.plan import sequence_refusal
+        reason = sequence_refusal(model, training)
+        if reason:
+            raise SpecError(f"--seq-len: {reason}")
     return model, cluster, training
 
 

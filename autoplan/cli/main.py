@@ -22,8 +22,8 @@ import sys
 
 from autoplan.errors import SpecError
 
-SUBCOMMANDS = ("plan", "estimate", "show", "export", "run", "compare", "profile", "profile_hardware", "calibrate",
-               "prepare_data")
+SUBCOMMANDS = ("plan", "estimate", "show", "export", "run", "eval", "compare", "profile", "profile_hardware",
+               "calibrate", "prepare_data", "export_hf")
 OUTPUT_OPTIONS = (("output", "-o"), ("cluster_out", "--cluster-out"), ("raw_out", "--raw-out"))
 """Options that name a file a subcommand writes at the end: checked before the (maybe long) work."""
 

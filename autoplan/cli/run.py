@@ -13,6 +13,11 @@ both) or ``--data synthetic``; only byte-level models default to the shipped sam
 Training knobs (``--lr``, ``--lr-schedule``, ``--seed`` ...; launcher/knobs.py) override the plan's
 ``training`` section for this run.
 
+Hugging Face folders (runtime/hf/): ``--init-from DIR`` starts from a model folder's weights (checked
+before launch: its config.json must be the plan's model, its safetensors must hold every tensor);
+``--save-hf DIR`` writes the final weights as a folder transformers loads (``autoplan export-hf`` does
+the same for any checkpoint).
+
 Exit status: 0 done; 2 bad input; 3 stopped on a non-finite loss, gradient norm or weights; 4 a collective
 timed out; 5 a rank lost its peers; 128 + N killed by (or stopped on) signal N.
 """
@@ -20,19 +25,16 @@ timed out; 5 a rank lost its peers; 128 + N killed by (or stopped on) signal N.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
 from autoplan.errors import SpecError
-from autoplan.launcher.commands import runtime_command, sbatch_script, torchrun_options
+from autoplan.launcher.commands import runtime_command, sbatch_script, torchrun_options, worker_env
 from autoplan.launcher.knobs import add_knob_arguments
 from autoplan.launcher.preflight import DATA_HELP, NeedsMoreNodes, preflight
 from autoplan.launcher.supervise import run_attempts
 from autoplan.schema import DEFAULT_STACK, Plan
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def register(subparsers) -> None:
@@ -47,6 +49,12 @@ def register(subparsers) -> None:
     p.add_argument("--checkpoint-dir", help="DCP checkpoint folder (one run at a time: it is locked)")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K steps (0: never)")
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint")
+    p.add_argument("--init-from", metavar="DIR", help="start from the weights of a Hugging Face model folder "
+                   "(config.json + model.safetensors or its shards; llama, mistral, qwen2, qwen3, gpt2) instead of "
+                   "random ones; each rank reads only its shards. Its config must describe the plan's model. With "
+                   "--resume (and after a restart) the checkpoint wins")
+    p.add_argument("--save-hf", metavar="DIR", help="after the last step, write the weights as a Hugging Face folder "
+                   "that transformers loads (config.json + safetensors; a new or empty folder)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="after a failed attempt (a killed rank, a timeout) start again from the newest "
                         "complete checkpoint, up to N times (default 0)")
@@ -69,6 +77,12 @@ def register(subparsers) -> None:
                    "Perfetto trace (a few us per phase: unlike --trace, steps run at full speed)")
     p.add_argument("--tensorboard", metavar="DIR", help="write every step's loss, lr, grad norm, tokens/s, memory and "
                    "the predicted step time as TensorBoard scalars into DIR (needs the tensorboard package)")
+    p.add_argument("--eval-data", metavar="FILE", help="validation token file (FILE.json beside it): its first "
+                   "windows, in order, evaluated under the plan's layout (as autoplan eval); the loss is printed and "
+                   "recorded as eval_loss in the metrics and TensorBoard")
+    p.add_argument("--eval-every", type=int, default=0, help="with --eval-data: evaluate every K steps and after the "
+                   "last (default 0: after the last only)")
+    p.add_argument("--eval-sequences", type=int, help="with --eval-data: windows evaluated (default: one global batch)")
     p.add_argument("--dry-run", action="store_true", help="build ranks of the plan on the meta device with a fake "
                    "process group (no training, no cluster) and compare their parameters with the plan's")
     p.add_argument("--rank", type=int, action="append", help="with --dry-run: a rank to build (repeatable; default: "
@@ -78,14 +92,6 @@ def register(subparsers) -> None:
                                  "the metrics and the checkpoints)")
     add_knob_arguments(knobs)
     p.set_defaults(func=run)
-
-
-def _env(nproc: int) -> dict[str, str]:
-    env = dict(os.environ)
-    # one compute thread per rank unless the user chose: N ranks would oversubscribe the cores otherwise
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         found = complete_checkpoints(args.checkpoint_dir) if args.checkpoint_dir else []
         return found[0][1] if found else None
 
-    status = run_attempts(make_cmd, _env(launch.nproc_per_node), args.max_restarts, newest_checkpoint)
+    status = run_attempts(make_cmd, worker_env(launch.nproc_per_node), args.max_restarts, newest_checkpoint)
     if status == 0 and launch.nnodes == 1:  # rank 0 wrote the metrics here
         _print_at_host_speed(plan, args.metrics)
     return status

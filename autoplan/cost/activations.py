@@ -8,8 +8,8 @@ Counted per tensor that autograd saves, so that each term can be checked against
         MLP input (norm output)              e sbh
         two residual dropout masks           2 sbh      (1-byte masks, only if dropout > 0)
     split across TP:
-        Q, K, V (K and V are kv-wide)        e sb(h + 2 kv)
-        output-projection input              e sbh
+        Q, K, V (Q is q-wide, K and V kv-wide) e sb(q + 2 kv)
+        output-projection input              e sbq
         MLP, GELU: fc1 output, GELU output   2 e sbf
         MLP, SwiGLU: gate, silu(gate), up, product   4 e sbf
     attention core, split across TP (standard attention only; a flash kernel keeps only its
@@ -17,8 +17,9 @@ Counted per tensor that autograd saves, so that each term can be checked against
         softmax output                       e a s^2 b
         attention dropout mask + output      (1 + e) a s^2 b   (only if dropout > 0)
 
-With e = 2, dropout, f = 4h and kv = h this is sbh(34 + 5as/h) unsplit and sbh(10 + 24/t + 5as/(ht))
-with TP (Korthikanti Eq. 1 and 2). Selective recomputation drops the attention core; full recomputation
+q = heads x head_dim is h unless head_dim is decoupled (Qwen3, whose per-head q/k norms keep their inputs
+too, as the block's norms do: e sb(q + kv) more, split across TP). With e = 2, dropout, f = 4h and
+q = kv = h this is sbh(34 + 5as/h) unsplit and sbh(10 + 24/t + 5as/(ht)) with TP (Korthikanti Eq. 1 and 2). Selective recomputation drops the attention core; full recomputation
 keeps only the block input (e sbh, split by t under sequence parallel, where that input is already
 sharded along the sequence).
 """
@@ -50,12 +51,13 @@ def block_saved_bytes(model: ModelSpec, split: LayerSplit, training: TrainingSet
     training.attention "flash" or "standard". b, s, h, a, f, t as in Korthikanti et al."""
     e, attention = elem_bytes(training.activation_precision), training.attention
     b, s, tp = split.micro_batch_size, training.seq_len, split.tp
-    h, f, kv, a = model.hidden_size, model.ffn_hidden_size, model.kv_size, model.num_attention_heads
+    h, f, q, kv, a = model.hidden_size, model.ffn_hidden_size, model.q_size, model.kv_size, model.num_attention_heads
     sbh = s * b * h
     masks = 2 * sbh if model.dropout > 0 else 0
     replicated = (4 * e * sbh + masks) / split.hidden_shards
     mlp = (4 if model.architecture == "llama" else 2) * e * s * b * f
-    split_bytes = (e * s * b * (h + 2 * kv) + e * sbh + mlp) / tp
+    qk_norms = e * s * b * (q + kv) if model.qk_norm else 0
+    split_bytes = (e * s * b * (q + 2 * kv) + e * s * b * q + mlp + qk_norms) / tp
     if attention == "flash":
         core = 4.0 * a * s * b / tp  # the kernel's fp32 log-sum-exp, one per query row and head
     else:

@@ -39,8 +39,10 @@ the runtime's reference layers (runtime/models/gpt.py, llama.py) as ``TorchDispa
 per forward and backward of one micro-batch, in ``HOST_OP_COUNTS``; they do not depend on the shapes.
 tests/profiler/test_eager_bytes.py recounts them on the runtime's layers. Dropout > 0 adds mask ops and runs
 the attention core once per (row, head) (runtime/models/dropout.py): not counted here, so the host time
-of a model with dropout is underestimated. TP-parallelised modules per layer: q, k, v, o and the MLP's
-matrices of a block, the vocabulary-parallel embedding, the head.
+of a model with dropout is underestimated; so are Qwen3's per-head q/k norms (six eager ops each forward,
+counted in neither table; their bytes are in the fused count) and Qwen2's bias adds (fused into the GEMMs).
+TP-parallelised modules per layer: q, k, v, o and the MLP's matrices of a block, the vocabulary-parallel
+embedding, the head.
 
 Eager bytes (``EAGER_ELEMENTS``, priced instead of the fused bytes on an eager stack, schema/stack.py
 ``elementwise``): what every eager op of the runtime's layer reads and writes, forward and
@@ -101,7 +103,7 @@ def eager_bytes(model: ModelSpec, layer: str, split: LayerSplit, training: Train
     sequence on one device (module doc): the residual stream is split by SP, the heads, MLP and logits by TP."""
     tp, e = split.tp, elem_bytes(training.activation_precision)
     tokens = split.micro_batch_size * training.seq_len
-    widths = (model.hidden_size / split.hidden_shards, model.hidden_size / tp, model.kv_size / tp,
+    widths = (model.hidden_size / split.hidden_shards, model.q_size / tp, model.kv_size / tp,
               model.ffn_hidden_size / tp, model.padded_vocab_size(tp) / tp)
     return tuple(e * tokens * sum(c * w for c, w in zip(counts, widths))
                  for counts in EAGER_ELEMENTS[(model.architecture, layer)])
@@ -113,8 +115,11 @@ def host_ops(model: ModelSpec, layer: str) -> HostOps:
     gpt = model.architecture == "gpt"
     if layer == "block":
         linears = 4 + model.mlp_matrices
-        tensors = 2 * linears + 4 if gpt else linears + 2  # gpt: weights and biases, two LayerNorms (w, b)
-        tp_tensors = 2 * linears if gpt else linears
+        biases = 3 if model.qkv_bias else 0  # Qwen2's q/k/v biases, split with their weights
+        norms = 2 if model.qk_norm else 0  # Qwen3's q/k norm weights, whole on every TP rank
+        # gpt: weights and biases, two LayerNorms (w, b); llama: weights, two RMSNorms
+        tensors = 2 * linears + 4 if gpt else linears + 2 + biases + norms
+        tp_tensors = 2 * linears if gpt else linears + biases
         return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, linears, tensors, tp_tensors)
     if layer == "embedding":
         return HostOps(fwd_ops, fwd_views, bwd_ops, bwd_views, 1, 2 if gpt else 1, 1)
@@ -131,29 +136,34 @@ def block_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stac
         ops = block_ops(model, replace(split, cp=1), training, stack)
         e = elem_bytes(training.activation_precision)
         local = split.micro_batch_size * training.seq_len // split.cp  # this rank's tokens
-        ring = ring_exchange(split.cp, local * model.hidden_size / split.tp, 2 * local * model.kv_size / split.tp, e)
+        ring = ring_exchange(split.cp, local * model.q_size / split.tp, 2 * local * model.kv_size / split.tp, e)
         return shard_sequence(ops, split.cp, ring)
     tp, e = split.tp, elem_bytes(training.activation_precision)
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    h, f, q, kv = model.hidden_size, model.ffn_hidden_size, model.q_size, model.kv_size
     tokens = split.micro_batch_size * training.seq_len
     mlp_in = [Gemm(tokens, f // tp, h, count=model.mlp_matrices - 1)]  # fc1, or gate and up
-    gemms = (Gemm(tokens, h // tp, h), Gemm(tokens, kv // tp, h, count=2), Gemm(tokens, h // tp, h),
+    # q, then k and v, then o (q/tp input features onto h; written with n and k swapped, same FLOPs, as the
+    # pinned predictions were computed)
+    gemms = (Gemm(tokens, q // tp, h), Gemm(tokens, kv // tp, h, count=2), Gemm(tokens, q // tp, h),
              *mlp_in, Gemm(tokens, h, f // tp))
     r = 1 / split.hidden_shards
     hidden, ffn = e * tokens * h, e * tokens * f / tp
     elementwise = (2 + 4 + 3) * hidden * r + (3 if model.architecture == "llama" else 2) * ffn
     kernels = 4
     if model.architecture == "llama":
-        elementwise += 2 * e * tokens * (h + kv) / tp
+        elementwise += 2 * e * tokens * (q + kv) / tp
+        kernels += 1
+    if model.qk_norm:  # Qwen3's per-head norms: read and write q and k once more
+        elementwise += 2 * e * tokens * (q + kv) / tp
         kernels += 1
     if model.dropout > 0:
         elementwise += 2 * tokens * h * r
     fwd, bwd = block_tp_messages(hidden, split.sequence_parallel, splits=2)
     if stack.tp_input_grad_reduce == "per_module" and not split.sequence_parallel:
         bwd = (Message("all_reduce", hidden),) * (3 + model.mlp_matrices - 1)  # q, k, v; fc1, or gate and up
-    # norm weights (and, for gpt, the biases of the row-parallel o and fc2, added after their all-reduce)
-    # stay whole on every TP rank; everything else is split
-    replicated = 2 * h if model.architecture == "llama" else 6 * h
+    # norm weights (Qwen3's per-head q/k norms too; for gpt, the biases of the row-parallel o and fc2,
+    # added after their all-reduce) stay whole on every TP rank; everything else is split
+    replicated = 2 * h + (2 * model.head_dim if model.qk_norm else 0) if model.architecture == "llama" else 6 * h
     core = AttentionCore(split.micro_batch_size, model.num_attention_heads / tp, training.seq_len, model.head_dim,
                          model.dropout > 0)
     return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
@@ -262,14 +272,15 @@ def with_loss_ops(host: HostOps, sign: int) -> HostOps:
 
 def embedding_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> LayerOps:
     """The embedding of a spec: gather the rows (read, write); gpt adds the learned positions (read two,
-    write one; s rows on every rank) and drops out."""
+    write one; a table of ``position_rows`` on every rank) and drops out."""
     e = elem_bytes(training.activation_precision)
     tokens = split.micro_batch_size * training.seq_len
     hidden = e * tokens * model.hidden_size
     gpt = model.architecture == "gpt"
     moved = 2 * hidden + ((3 * hidden + (2 * hidden + tokens * model.hidden_size if model.dropout > 0 else 0))
                           if gpt else 0)
-    own = EdgeWork(params=training.seq_len * model.hidden_size if gpt else 0, elementwise_bytes=moved, kernels=2,
+    own = EdgeWork(params=model.position_rows(training.seq_len) * model.hidden_size if gpt else 0,
+                   elementwise_bytes=moved, kernels=2,
                    saved_bytes=act.embedding_saved_bytes(model, split, training), host=host_ops(model, "embedding"),
                    eager_bytes=eager_bytes(model, "embedding", split, training))
     return embedding_of_vocabulary(model.padded_vocab_size(split.tp), model.hidden_size, own, split, training)

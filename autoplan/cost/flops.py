@@ -22,7 +22,7 @@ class BlockFlops:
     out_proj: float
     mlp: float
     attn_core: float
-    """QK^T scores and attention-over-V: 4 b s^2 h."""
+    """QK^T scores and attention-over-V: 4 b s^2 q (q = heads x head_dim, h unless head_dim is decoupled)."""
 
     @property
     def matmuls(self) -> float:
@@ -34,14 +34,15 @@ class BlockFlops:
 
 
 def block_fwd_flops(model: ModelSpec, b: int, s: int) -> BlockFlops:
-    """GPT with ffn = 4h gives 24 b s h^2 + 4 b s^2 h (Narayanan 2021, section 5.1)."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_size
+    """GPT with ffn = 4h gives 24 b s h^2 + 4 b s^2 h (Narayanan 2021, section 5.1). q = q_size, the width of
+    the queries and of o's input (h unless head_dim is decoupled, Qwen3); biases and norms are not counted."""
+    h, f, q, kv = model.hidden_size, model.ffn_hidden_size, model.q_size, model.kv_size
     tokens = b * s
     return BlockFlops(
-        qkv=2 * tokens * h * (h + 2 * kv),
-        out_proj=2 * tokens * h * h,
+        qkv=2 * tokens * h * (q + 2 * kv),
+        out_proj=2 * tokens * q * h,
         mlp=2 * tokens * h * f * model.mlp_matrices,
-        attn_core=4 * b * s * s * h,
+        attn_core=4 * b * s * s * q,
     )
 
 

@@ -11,7 +11,9 @@ Under ZeRO 0-2 a device holds its TP-local tensors whole for forward and backwar
 resharding after forward), which is the count the ZeRO-1/2 memory model assumes.
 
 The shapes restate runtime/models (gpt.py, llama.py); tests/runtime compare this count with the
-built modules. GPT's learned position table has ``training.seq_len`` rows, the length the runtime builds;
+built modules. Qwen2's q/k/v biases split with their weights; Qwen3's per-head q/k norm weights stay whole
+(each TP rank normalises its own heads with the same weights). GPT's learned position table has
+``model.position_rows(training.seq_len)`` rows (``max_positions``, else the training length), as built;
 the embedding and head have ``model.padded_vocab_size(tp)`` rows (Megatron's padding, the plan's
 ``padded_vocab_size``), which the runtime builds too (runtime/models/common.py: padded logits masked).
 """
@@ -40,16 +42,21 @@ def block_tensors(model: ModelSpec) -> list[ParamTensor]:
                                                                           ParamTensor((h,), whole)]
         mlp = [ParamTensor((f, h), col), ParamTensor((f,), col), ParamTensor((h, f), row), ParamTensor((h,), whole)]
         return norms + attn + mlp
-    kv = model.kv_size
+    q, kv = model.q_size, model.kv_size
     norms = [ParamTensor((h,), whole)] * 2  # two RMSNorms
-    attn = [ParamTensor((h, h), col), ParamTensor((kv, h), col), ParamTensor((kv, h), col), ParamTensor((h, h), row)]
+    attn = [ParamTensor((q, h), col), ParamTensor((kv, h), col), ParamTensor((kv, h), col), ParamTensor((h, q), row)]
+    if model.qkv_bias:
+        attn += [ParamTensor((q,), col), ParamTensor((kv,), col), ParamTensor((kv,), col)]
+    if model.qk_norm:
+        attn += [ParamTensor((model.head_dim,), whole)] * 2
     mlp = [ParamTensor((f, h), col), ParamTensor((f, h), col), ParamTensor((h, f), row)]
     return norms + attn + mlp
 
 
 def embedding_tensors(model: ModelSpec, seq_len: int, tp: int = 1) -> list[ParamTensor]:
     tok = [ParamTensor((model.padded_vocab_size(tp), model.hidden_size), 0)]
-    return tok + ([ParamTensor((seq_len, model.hidden_size), None)] if model.architecture == "gpt" else [])
+    positions = ParamTensor((model.position_rows(seq_len), model.hidden_size), None)
+    return tok + ([positions] if model.architecture == "gpt" else [])
 
 
 def head_tensors(model: ModelSpec, separate_copy: bool, tp: int = 1) -> list[ParamTensor]:

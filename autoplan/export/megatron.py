@@ -129,7 +129,15 @@ def _recompute_arguments(plan: Plan) -> list[Argument]:
 
 def megatron_arguments(plan: Plan) -> list[Argument]:
     """The plan as Megatron-LM arguments; ``ExportError`` names what Megatron cannot express."""
-    t = plan.training
+    t, m = plan.training, plan.model
+    unwritten = [f for f, used in (("qkv_bias", m.qkv_bias), ("qk_norm", m.qk_norm),
+                                   ("rope_scaling", m.rope_scaling is not None),
+                                   ("head_dim", m.q_size != m.hidden_size),
+                                   ("activation", m.mlp_activation == "gelu_tanh"),
+                                   ("max_positions", m.position_rows(t.seq_len) != t.seq_len)) if used]
+    if unwritten:  # _model_arguments writes none of them: Megatron would build another model
+        raise ExportError(f"model.{unwritten[0]}: this export does not write it to Megatron's arguments, so "
+                          f"Megatron would train another model; run this plan with autoplan run")
     if t.optimizer != "adamw":
         raise ExportError(f"training.optimizer: the plan was priced for {t.optimizer}; Megatron's default is Adam "
                           "(AdamW with --weight-decay); nearest: --optimizer adamw")

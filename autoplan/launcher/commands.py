@@ -8,10 +8,13 @@ devices per node) never spans two nodes, whatever order the nodes join in.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 DEFAULT_PORT = 29500
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class Launch:
     rdzv_id: str = "autoplan"
     runtime_args: tuple[str, ...] = field(default_factory=tuple)
     """Options for runtime.launch after the plan (``--steps 20 --metrics m.jsonl ...``)."""
+    module: str = "runtime.launch"
+    """The entry point every rank runs: runtime.launch (train) or runtime.eval_launch (autoplan eval)."""
 
 
 def torchrun_options(nproc: int, nnodes: int = 1, node_rank: int | str = 0, endpoint: str | None = None,
@@ -37,7 +42,16 @@ def torchrun_options(nproc: int, nnodes: int = 1, node_rank: int | str = 0, endp
 
 
 def runtime_command(launch: Launch) -> list[str]:
-    return ["-m", "runtime.launch", launch.plan_path, *launch.runtime_args]
+    return ["-m", launch.module, launch.plan_path, *launch.runtime_args]
+
+
+def worker_env(nproc: int) -> dict[str, str]:
+    """The environment torchrun and its ranks start with: this checkout importable, and one compute thread
+    per rank unless the user chose (N ranks would oversubscribe the cores otherwise)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def node_lines(launch: Launch, endpoint: str | None) -> list[str]:

@@ -6,7 +6,9 @@ Checked here: the plan; the numbers (steps, checkpoint interval, timeout, restar
 knobs; the data file (schema/token_file.py ``describe``: its sidecar, dtype and vocabulary against the
 model's, long enough, its first ids below the vocabulary; no silent default); the metrics file (writable);
 the checkpoint folder (a writable folder, not locked by another run, holding a checkpoint of this
-model when resuming and none when not); the trace and TensorBoard folders (paths of an sbatch script are
+model when resuming and none when not); the Hugging Face folders (``--init-from``: its config.json is the
+plan's model and its safetensors hold every tensor in shape; ``--save-hf``: new or empty; hf_folders.py);
+the trace and TensorBoard folders (paths of an sbatch script are
 left to the ranks on the cluster); the plan's memory per pipeline rank,
 re-derived from its model and layout by the cost model rather than read from its ``predicted`` block
 (autoplan/report/recheck.py); and the devices: the plan's processes per node against the
@@ -26,7 +28,9 @@ from pathlib import Path
 
 from autoplan.errors import SpecError
 from autoplan.launcher.commands import Launch, node_lines
+from autoplan.launcher.hf_folders import check_hf_folders
 from autoplan.launcher.knobs import knob_arguments, knobs_of
+from autoplan.launcher.validation import check_validation
 from autoplan.schema.training import with_knobs
 from autoplan.report.recheck import recheck
 from autoplan.schema import Plan
@@ -177,17 +181,21 @@ def _endpoint(value: str | None, nnodes: int) -> str | None:
 
 
 def shape(args: argparse.Namespace, plan: Plan, plan_path: str, runtime_args: tuple[str, ...],
-          check_devices: bool = True) -> Launch:
-    """Nodes and processes per node for this machine's torchrun; NeedsMoreNodes when one node cannot do."""
+          check_devices: bool = True, module: str = "runtime.launch") -> Launch:
+    """Nodes and processes per node for this machine's torchrun; NeedsMoreNodes when one node cannot do.
+    ``module``: what the ranks run (``Launch.module``)."""
     world, c = plan.world_size, plan.cluster
     rdzv_id = f"autoplan-{plan.model.name}"
     if args.nnodes is None and not args.slurm:
         if c.num_nodes > 1:
-            launch = Launch(plan_path, c.devices_per_node, c.num_nodes, 0, args.rdzv_endpoint, rdzv_id, runtime_args)
+            launch = Launch(plan_path, c.devices_per_node, c.num_nodes, 0, args.rdzv_endpoint, rdzv_id, runtime_args,
+                            module)
+            command = getattr(args, "command", "run")
             raise NeedsMoreNodes(
                 f"plan: made for {c.num_nodes} nodes x {c.devices_per_node} devices; run one torchrun per node "
-                "(the lines on stdout), `autoplan run --nnodes N --node-rank R --rdzv-endpoint HOST:PORT` on each "
-                "node, or `autoplan run --slurm` for an sbatch script", node_lines(launch, args.rdzv_endpoint))
+                f"(the lines on stdout), `autoplan {command} --nnodes N --node-rank R --rdzv-endpoint HOST:PORT` on "
+                "each node" + (", or `autoplan run --slurm` for an sbatch script" if command == "run" else ""),
+                node_lines(launch, args.rdzv_endpoint))
         nnodes, node_rank = 1, 0
     else:
         nnodes = args.nnodes or c.num_nodes
@@ -210,7 +218,7 @@ def shape(args: argparse.Namespace, plan: Plan, plan_path: str, runtime_args: tu
         if nproc > capacity:
             raise SpecError(f"plan: needs {nproc} processes on one node, but {what}; plan for fewer devices, "
                             "or run it on more nodes (--nnodes)")
-    return Launch(plan_path, nproc, nnodes, node_rank, endpoint, rdzv_id, runtime_args)
+    return Launch(plan_path, nproc, nnodes, node_rank, endpoint, rdzv_id, runtime_args, module)
 
 
 def runtime_args(args: argparse.Namespace, data: str | None, knobs: dict | None = None) -> tuple[str, ...]:
@@ -220,11 +228,17 @@ def runtime_args(args: argparse.Namespace, data: str | None, knobs: dict | None 
     for flag, value in (("--backend", args.backend), ("--data", data), ("--metrics", args.metrics),
                         ("--checkpoint-dir", args.checkpoint_dir), ("--trace", getattr(args, "trace", None)),
                         ("--timeline", getattr(args, "timeline", None)),
-                        ("--tensorboard", getattr(args, "tensorboard", None))):
+                        ("--tensorboard", getattr(args, "tensorboard", None)),
+                        ("--eval-data", getattr(args, "eval_data", None)),
+                        ("--eval-sequences", getattr(args, "eval_sequences", None)),
+                        ("--init-from", getattr(args, "init_from", None)),
+                        ("--save-hf", getattr(args, "save_hf", None))):
         if value is not None:
             out += [flag, str(value)]
     if args.checkpoint_every:
         out += ["--checkpoint-every", str(args.checkpoint_every)]
+    if getattr(args, "eval_every", 0):
+        out += ["--eval-every", str(args.eval_every)]
     out += ["--timeout", f"{args.timeout:g}"]
     out += knob_arguments(knobs or {})
     return tuple(out)
@@ -243,6 +257,7 @@ def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
     here = not args.slurm
     notices: list[str] = []
     data = data_path(args.data, plan, on_this_host=here, notices=notices)
+    check_validation(args, plan, on_this_host=here)  # --eval-data / --eval-every / --eval-sequences
     if args.metrics == "":
         raise SpecError("--metrics: empty; give a file name")
     if here:
@@ -255,6 +270,7 @@ def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
         if getattr(args, "tensorboard", None) is not None:
             check_folder(args.tensorboard, "--tensorboard")
         check_checkpoint_dir(args, plan)
+    check_hf_folders(args, plan, on_this_host=here)
     if getattr(args, "tensorboard", None) is not None and importlib.util.find_spec("tensorboard") is None:
         raise SpecError("--tensorboard: needs the tensorboard package (torch writes its files with it): "
                         "pip install tensorboard")

@@ -90,7 +90,8 @@ def _from_hf_config(arg: str, seq_len: int | None) -> LoadedModel:
     except ValueError as err:
         raise SpecError(f"{arg}: {config.model_type} is not a decoder-only causal LM transformers can build "
                         f"({str(err).splitlines()[0][:120]})") from None
-    name = path.parent.name if path.name == "config.json" else path.stem
+    # the folder's name for a config.json (its absolute path: `cd model_dir && autoplan profile config.json`)
+    name = (path.resolve().parent.name if path.name == "config.json" else path.stem)[:200] or "model"
     return LoadedModel(name, arg, model, _hf_batch(s), s)
 
 

@@ -9,6 +9,10 @@ column-wise (output features sharded), each rank computes its shard of ``R``'s i
 hidden axis, or the layer's own hidden input on such a path breaks the pattern. Tensors that do not
 depend on the layer's hidden input (RoPE tables, masks) are replicated on every rank and do not matter.
 
+A "linear" is any module ``trace.linear_features`` recognises: ``nn.Linear`` and Hugging Face's
+``Conv1D`` (GPT-2 stores its projections [in, out]; its fused ``c_attn`` is one column linear feeding
+``c_proj`` through ``split`` and the attention core).
+
 The graph is a networkx DiGraph with tensor nodes ``("t", id)`` and op nodes ``("op", index)``.
 """
 

@@ -51,6 +51,19 @@ class OpRecord:
     """(batch, m, n, k) of a matmul; (batch x heads, query length, key length, head dim) of an SDPA call."""
 
 
+def linear_features(module: nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a module computing x W + b over the last axis, or None: ``nn.Linear`` (weight
+    [out, in]) and Hugging Face's ``Conv1D`` (GPT-2's projections: weight [in, out], ``nf`` outputs),
+    recognised by its name and shape so that tracing needs no ``transformers`` import."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2 \
+            and weight.shape[1] == getattr(module, "nf", None):
+        return weight.shape[0], weight.shape[1]
+    return None
+
+
 @dataclass
 class LinearCall:
     fqn: str
@@ -282,10 +295,11 @@ def _hooks(model: nn.Module, blocks: list[tuple[str, nn.Module]], trace: Trace, 
             if first is not None:
                 trace.output_ids[name] = id(first)
             state.segment = HEAD
-        if isinstance(module, nn.Linear) and isinstance(output, torch.Tensor):
-            x = args[0] if args else kwargs["input"]
+        features = linear_features(module)
+        if features is not None and isinstance(output, torch.Tensor):
+            x = args[0] if args else next(iter(kwargs.values()))  # nn.Linear's "input", Conv1D's "x"
             trace.linears.append(LinearCall(state.names.get(id(module), "?"), state.segment, id(x), id(output),
-                                            module.in_features, module.out_features))
+                                            *features))
 
     for module in model.modules():
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))

@@ -143,9 +143,14 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
 
 
 def to_dict(obj: Any) -> Any:
-    """Plain data (dicts, lists, scalars) for YAML/JSON, keeping field order."""
+    """Plain data (dicts, lists, scalars) for YAML/JSON, keeping field order. A dataclass with a
+    ``defaults_omitted()`` method (name -> value) loses those fields while they hold those values: fields
+    added to a schema later, so files, fingerprints and hashes of objects that do not use them stay as
+    they were (``from_dict`` restores the defaults)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        omitted = obj.defaults_omitted() if hasattr(obj, "defaults_omitted") else {}
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not (f.name in omitted and getattr(obj, f.name) == omitted[f.name])}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

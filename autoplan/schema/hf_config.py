@@ -1,21 +1,29 @@
 """A Hugging Face ``config.json`` as a ModelSpec, where the config describes a model the runtime builds.
 
-``llama`` and ``mistral`` configs map onto ``architecture: llama`` (RMSNorm, SwiGLU, RoPE, GQA), ``gpt2``
-onto ``architecture: gpt`` (LayerNorm, GELU, learned positions, tied embedding). The mapping keeps every
-number the cost model and the runtime read; what it cannot keep is refused with the key that breaks it
-(biases on the attention or MLP projections, another activation). Two differences do not change the cost
-and are accepted: RoPE scaling (``rope_scaling``, Llama 3.1) and GPT-2's tanh-approximated GELU.
+``llama``, ``mistral``, ``qwen2`` and ``qwen3`` configs map onto ``architecture: llama`` (RMSNorm, SwiGLU,
+RoPE, GQA; Qwen2 adds biases on q, k and v, Qwen3 a per-head RMSNorm on q and k and a head width of its
+own), ``gpt2`` onto ``architecture: gpt`` (LayerNorm, GELU, learned positions, tied embedding). The mapping
+keeps every number the runtime's model needs to compute what ``transformers`` computes from the same
+weights (tests/runtime/test_hf_families.py compares the logits); what it cannot keep is refused with the
+key that breaks it: biases on o or on the MLP, another activation, a RoPE scaling other than Llama 3.1's
+(``rope_type: llama3``), sliding-window layers in a Qwen model.
+
+RoPE settings are read where either generation of ``transformers`` writes them: ``rope_theta`` and
+``rope_scaling`` at the top level (4.x, the Hub's configs), or one ``rope_parameters`` object holding
+``rope_theta`` and ``rope_type`` (5.x, ``save_pretrained``); as in ``transformers``, the object wins.
 
 The training sequence length is not in a config: it is Mistral's ``sliding_window`` (the span it was
 trained with; attention over at most that many tokens is plain causal attention), else
-``max_position_embeddings`` (``n_positions`` for GPT-2). ``--seq-len`` overrides it as for any spec.
+``max_position_embeddings`` (``n_positions`` for GPT-2, which is also the rows of its position table).
+``--seq-len`` overrides it as for any spec, up to the window or the table (plan.py ``sequence_refusal``).
 
 Every key the mapping reads is checked once, before anything is derived from it (``_FIELDS``): its JSON
 type (an integer is a JSON integer, never ``4.0``, ``"4"`` or ``true``; a number is finite; a flag is
 ``true`` or ``false``), whether it may be ``null`` (where Hugging Face allows it), and its range. A
-mistake is one SpecError line: the file, the key, what is wrong and the fix. llama and mistral configs
-must give their five sizes; GPT-2's config class has a default for every key, so a gpt2 config may omit
-any. Keys the mapping does not read are ignored, as Hugging Face ignores them.
+mistake is one SpecError line: the file, the key, what is wrong and the fix. llama, mistral and qwen
+configs must give their five sizes; GPT-2's config class has a default for every key, so a gpt2 config
+may omit any. A key that is absent takes the default of the family's config class in ``transformers``
+(``_ABSENT``). Keys the mapping does not read are ignored, as Hugging Face ignores them.
 
 Torch-free (the planner reads configs without transformers or torch).
 """
@@ -32,11 +40,12 @@ from typing import Any
 from autoplan.errors import SpecError
 from autoplan.schema._files import decode_utf8, read_bytes
 from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE, MAX_YAML_BYTES
-from autoplan.schema.model import ModelSpec
+from autoplan.schema.model import ModelSpec, RopeScaling
 
-FAMILIES = ("llama", "mistral", "gpt2")
-GPT2_GELUS = ("gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "gelu_python", "gelu_accurate")
-"""Hugging Face's names for GELU, exact or tanh-approximated (GPT-2 uses ``gelu_new``, the tanh form)."""
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+GPT2_GELUS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+"""Hugging Face's GELU names the runtime computes, and the ModelSpec ``activation`` each is: the exact erf
+form, or the tanh approximation GPT-2 uses (``gelu_new``)."""
 
 
 # ------------------------------------------------------------------------------------------ the keys
@@ -83,8 +92,41 @@ _LLAMA: dict[str, _Field] = {
     "mlp_bias": _Field("bool", "biases on the MLP projections", False),
     "hidden_act": _Field("str", "the MLP activation", "silu"),
     "rope_scaling": _Field("object", "the RoPE scaling rule", {"rope_type": "llama3"}, nullable=True),
+    "rope_parameters": _Field("object", "the RoPE base and scaling rule", {"rope_type": "default"}, nullable=True),
+    "use_sliding_window": _Field("bool", "sliding-window attention in the upper layers (Qwen)", False),
 }
 _LLAMA_REQUIRED = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+
+_ABSENT: dict[str, dict[str, Any]] = {
+    # what each family's config class in transformers 5 takes for a key the file does not give
+    "llama": {"num_key_value_heads": None, "head_dim": None, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+              "sliding_window": None},
+    "mistral": {"num_key_value_heads": 8, "head_dim": None, "max_position_embeddings": 4096 * 32,
+                "rms_norm_eps": 1e-6, "sliding_window": 4096},
+    "qwen2": {"num_key_value_heads": 32, "head_dim": None, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "sliding_window": None},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "sliding_window": None},
+}
+_REFUSED_FLAGS: dict[str, dict[str, str]] = {
+    # keys whose true the runtime's model cannot compute, by family, and why
+    "llama": {"attention_bias": "it biases o_proj too, which the runtime's llama has no bias on",
+              "mlp_bias": "the runtime's llama has no MLP biases"},
+    "mistral": {"attention_bias": "it biases o_proj too, which the runtime's llama has no bias on",
+                "mlp_bias": "the runtime's llama has no MLP biases"},
+    "qwen2": {"use_sliding_window": "the runtime's attention is full causal in every layer"},
+    "qwen3": {"attention_bias": "it biases o_proj too, which the runtime's model has no bias on",
+              "use_sliding_window": "the runtime's attention is full causal in every layer"},
+}
+_ROPE_LLAMA3: dict[str, _Field] = {
+    "factor": _Field("float", "the divisor of the low frequencies", 8.0, low=1.0, high=1e6),
+    "low_freq_factor": _Field("float", "the low-frequency bound", 1.0, low=0.0, high=1e6, low_open=True),
+    "high_freq_factor": _Field("float", "the high-frequency bound", 4.0, low=0.0, high=1e6, low_open=True),
+    "original_max_position_embeddings": _count("the pretraining context in tokens", 8192, MAX_SEQ_LEN),
+    "rope_theta": _Field("float", "the RoPE base", 10000.0, low=1.0, high=1e12, low_open=True),
+    "partial_rotary_factor": _Field("float", "the share of each head RoPE rotates", 1.0, low=0.0, high=1.0,
+                                    low_open=True),
+}
 
 _GPT2: dict[str, _Field] = {
     "n_layer": _count("the number of transformer blocks", 12, MAX_LAYERS),
@@ -99,6 +141,9 @@ _GPT2: dict[str, _Field] = {
     "layer_norm_epsilon": _Field("float", "the LayerNorm epsilon; 1e-05 usually", 1e-05, **_EPSILON),
     "tie_word_embeddings": _Field("bool", "whether the output projection shares the embedding", True),
     "activation_function": _Field("str", "the MLP activation", "gelu_new"),
+    "scale_attn_weights": _Field("bool", "scaling the attention scores by 1 / sqrt(head_dim)", True),
+    "scale_attn_by_inverse_layer_idx": _Field("bool", "scaling the scores by 1 / (layer + 1) too", False),
+    "add_cross_attention": _Field("bool", "cross-attention layers (encoder-decoder use)", False),
 }
 
 
@@ -137,13 +182,13 @@ def spec_from_hf_config(path: str | os.PathLike, name: str | None = None) -> Mod
     kind = data["model_type"]
     if name is None:
         name = (Path(os.path.abspath(p)).parent.name if p.name == "config.json" else p.stem)[:200] or "model"
-    if kind in ("llama", "mistral"):
+    if kind in ("llama", "mistral", "qwen2", "qwen3"):
         spec = _llama(p, data, name)
     elif kind == "gpt2":
         spec = _gpt2(p, data, name)
     else:
         shown = repr(kind) if isinstance(kind, str) and len(kind) <= 60 else _show(kind)
-        raise SpecError(f"{p}: model_type {shown} has no ModelSpec mapping (llama, mistral and gpt2 have); "
+        raise SpecError(f"{p}: model_type {shown} has no ModelSpec mapping ({', '.join(FAMILIES)} have); "
                         "profile it with autoplan profile and plan the profile")
     try:
         spec.validate()
@@ -302,25 +347,72 @@ def _divides(p: Path, key: str, value: int, other: str, total: int, why: str) ->
 
 # ------------------------------------------------------------------------------------------ mappings
 def _llama(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
-    _check(p, data, data["model_type"], _LLAMA, _LLAMA_REQUIRED)
-    _require(p, data, "attention_bias", False)
-    _require(p, data, "mlp_bias", False)
+    """llama, mistral, qwen2 and qwen3: Hugging Face's LlamaForCausalLM family of decoders."""
+    family = data["model_type"]
+    _check(p, data, family, _LLAMA, _LLAMA_REQUIRED)
+    for key, why in _REFUSED_FLAGS[family].items():
+        if data.get(key) is True:
+            raise SpecError(f"{p}: {key}: true is not supported ({why}); write false")
     _require(p, data, "hidden_act", "silu")
+    absent = _ABSENT[family]
+    get = lambda key: data.get(key, absent[key])  # noqa: E731
     heads, h = data["num_attention_heads"], data["hidden_size"]
-    _divides(p, "num_attention_heads", heads, "hidden_size", h, "each head gets hidden_size / heads channels")
-    if data.get("num_key_value_heads") is not None:
-        _divides(p, "num_key_value_heads", data["num_key_value_heads"], "num_attention_heads", heads,
-                 "each key/value head serves an equal group of query heads")
-    if data.get("head_dim") not in (None, h // heads):
-        raise SpecError(f"{p}: head_dim: {data['head_dim']} differs from hidden_size / num_attention_heads = "
-                        f"{h // heads}, which the runtime's model assumes; write {h // heads} or null")
-    seq = data.get("sliding_window") or data.get("max_position_embeddings", 2048)
+    if family == "qwen3" and "head_dim" in data and data["head_dim"] is None:
+        raise SpecError(f"{p}: head_dim: null is not allowed (Qwen3Config needs the width of one head); "
+                        f"write a value such as 128")
+    head_dim = get("head_dim")
+    if head_dim is None:
+        _divides(p, "num_attention_heads", heads, "hidden_size", h, "each head gets hidden_size / heads channels; "
+                 "or give head_dim")
+    kv_heads = get("num_key_value_heads") or heads
+    shown = "num_key_value_heads" + ("" if "num_key_value_heads" in data else f" (absent: {family}'s default)")
+    _divides(p, shown, kv_heads, "num_attention_heads", heads,
+             "each key/value head serves an equal group of query heads")
+    theta, scaling = _rope(p, data)
+    window = get("sliding_window") if family == "mistral" else None  # Qwen's applies only with use_sliding_window
+    seq = (None if family.startswith("qwen") else data.get("sliding_window")) or get("max_position_embeddings")
     return ModelSpec(
         name=name, architecture="llama", num_layers=data["num_hidden_layers"], hidden_size=h,
-        ffn_hidden_size=data["intermediate_size"], num_attention_heads=heads,
-        num_kv_heads=data.get("num_key_value_heads") or heads, vocab_size=data["vocab_size"], seq_len=seq,
+        ffn_hidden_size=data["intermediate_size"], num_attention_heads=heads, num_kv_heads=kv_heads,
+        vocab_size=data["vocab_size"], seq_len=min(seq, window) if window else seq,
         tie_embeddings=bool(data.get("tie_word_embeddings", False)), dropout=float(data.get("attention_dropout", 0.0)),
-        rope_theta=float(data.get("rope_theta", 10000.0)), norm_eps=float(data.get("rms_norm_eps", 1e-5)))
+        rope_theta=theta, norm_eps=float(get("rms_norm_eps")), head_dim=head_dim,
+        qkv_bias=family == "qwen2", qk_norm=family == "qwen3", rope_scaling=scaling, sliding_window=window)
+
+
+def _rope(p: Path, data: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, the llama3 scaling or None) as ``transformers`` 5 reads them
+    (``convert_rope_params_to_dict``): the legacy ``rope_scaling`` object if given, else ``rope_parameters``;
+    its ``rope_theta`` before the top-level one; its ``rope_type`` (or legacy ``type``), "default" if none."""
+    key = "rope_scaling" if data.get("rope_scaling") else "rope_parameters"
+    params = data.get(key) or {}
+    _check(p, {f"{key}.{k}": v for k, v in params.items()}, data["model_type"],
+           {f"{key}.{k}": f for k, f in _ROPE_LLAMA3.items()})
+    if any(isinstance(v, dict) for v in params.values()):
+        raise SpecError(f"{p}: {key}: RoPE parameters per layer type are not supported (the runtime's model "
+                        "rotates every layer alike); give one flat object")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise SpecError(f"{p}: {key}.partial_rotary_factor: {_show(params['partial_rotary_factor'])} is not "
+                        "supported (the runtime's RoPE rotates the whole head); write 1.0")
+    theta = float(params.get("rope_theta", data.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise SpecError(f"{p}: {key}.rope_type: {_show(rope_type)} is not supported by the runtime's model "
+                        "(it implements Llama 3.1's \"llama3\" scaling or none); write null for plain RoPE")
+    for field in ("factor", "low_freq_factor", "high_freq_factor"):
+        if field not in params:
+            raise SpecError(f"{p}: {key}.{field}: missing; llama3 scaling needs it, e.g. "
+                            f"\"{field}\": {_show(_ROPE_LLAMA3[field].example)}")
+    if not params["low_freq_factor"] < params["high_freq_factor"]:
+        raise SpecError(f"{p}: {key}.low_freq_factor: {_show(params['low_freq_factor'])} must be below "
+                        f"high_freq_factor={_show(params['high_freq_factor'])} (1.0 and 4.0 in Llama 3.1)")
+    original = params.get("original_max_position_embeddings",
+                          data.get("max_position_embeddings", _ABSENT[data["model_type"]]["max_position_embeddings"]))
+    return theta, RopeScaling(factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+                              high_freq_factor=float(params["high_freq_factor"]),
+                              original_max_position_embeddings=original)
 
 
 def _gpt2(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
@@ -328,13 +420,18 @@ def _gpt2(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
     act = data.get("activation_function", "gelu_new")
     if act not in GPT2_GELUS:
         raise SpecError(f"{p}: activation_function: {_show(act)} is not supported by the runtime's model "
-                        f"(needs a GELU: {', '.join(GPT2_GELUS)})")
+                        f"(it computes {', '.join(GPT2_GELUS)})")
+    _require(p, data, "scale_attn_weights", True)
+    _require(p, data, "scale_attn_by_inverse_layer_idx", False)
+    _require(p, data, "add_cross_attention", False)
     h, heads = data.get("n_embd", 768), data.get("n_head", 12)
     _divides(p, "n_head", heads, "n_embd", h, "each head gets n_embd / n_head channels")
     dropout = max(float(data.get(k, 0.1)) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
+    positions = data.get("n_positions", 1024)
     return ModelSpec(
         name=name, architecture="gpt", num_layers=data.get("n_layer", 12), hidden_size=h,
         ffn_hidden_size=data.get("n_inner") or 4 * h, num_attention_heads=heads,
         num_kv_heads=heads, vocab_size=data.get("vocab_size", 50257),
-        seq_len=data.get("n_positions", 1024), tie_embeddings=bool(data.get("tie_word_embeddings", True)),
-        dropout=dropout, norm_eps=float(data.get("layer_norm_epsilon", 1e-5)))
+        seq_len=positions, tie_embeddings=bool(data.get("tie_word_embeddings", True)),
+        dropout=dropout, norm_eps=float(data.get("layer_norm_epsilon", 1e-5)), max_positions=positions,
+        activation=None if GPT2_GELUS[act] == "gelu" else GPT2_GELUS[act])

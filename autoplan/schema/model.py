@@ -8,7 +8,7 @@ is grouped-query attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from autoplan.schema._io import require, require_range
 from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_PARAMS, MAX_SEQ_LEN, MAX_VOCAB_SIZE
@@ -16,6 +16,36 @@ from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_PARAMS, MAX_
 Architecture = Literal["gpt", "llama"]
 MEGATRON_VOCAB_DIVISOR = 128
 """Megatron-LM's default ``--make-vocab-size-divisible-by``."""
+ACTIVATIONS: dict[str, tuple[str, ...]] = {"gpt": ("gelu", "gelu_tanh"), "llama": ("silu",)}
+"""The MLP activations each architecture's runtime model computes; the first is the default. ``gelu`` is
+the exact erf form, ``gelu_tanh`` the tanh approximation (Hugging Face's ``gelu_new`` and
+``gelu_pytorch_tanh``, GPT-2's); llama's ``silu`` is SwiGLU's gate."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency rule (Hugging Face's ``rope_type: llama3``, ``_compute_llama3_parameters``):
+    wavelengths 2 pi / inv_freq shorter than ``original_max_position_embeddings / high_freq_factor`` keep
+    their frequency, longer than ``original_max_position_embeddings / low_freq_factor`` are divided by
+    ``factor``, and those between interpolate smoothly. The only scaling rule the runtime implements."""
+
+    rope_type: Literal["llama3"] = "llama3"
+    factor: float
+    """The divisor of the low frequencies (8 in Llama 3.1)."""
+    low_freq_factor: float
+    """1 in Llama 3.1."""
+    high_freq_factor: float
+    """4 in Llama 3.1."""
+    original_max_position_embeddings: int
+    """The context length of pretraining in tokens (8192 in Llama 3.1)."""
+
+    def validate(self) -> None:
+        require(self.factor >= 1.0, "factor", f"{self.factor} must be at least 1 (8.0 in Llama 3.1)")
+        require(0.0 < self.low_freq_factor < self.high_freq_factor, "low_freq_factor",
+                f"{self.low_freq_factor} must be positive and below high_freq_factor={self.high_freq_factor} "
+                "(1.0 and 4.0 in Llama 3.1)")
+        require_range(self, "high_freq_factor", 0.0, 1e6, low_open=True)
+        require_range(self, "original_max_position_embeddings", 1, MAX_SEQ_LEN)
 
 
 @dataclass(frozen=True)
@@ -23,7 +53,13 @@ class ModelSpec:
     """A transformer the cost model has formulas for and the runtime has a reference implementation of.
 
     ``gpt``: LayerNorm, GELU MLP (two matrices), learned positions, biases, tied embedding by default.
-    ``llama``: RMSNorm, SwiGLU MLP (three matrices), rotary positions, no biases, untied by default.
+    ``llama``: RMSNorm, SwiGLU MLP (three matrices), rotary positions, no biases, untied by default;
+    optionally biases on q, k, v (Qwen2), per-head RMSNorm on q and k (Qwen3), a head width other than
+    hidden_size / heads (Qwen3) and Llama 3.1's RoPE scaling.
+
+    Every field added after the first release has a default meaning "as before" and is left out of the
+    YAML/JSON written for a spec while it holds that default (``defaults_omitted``), so the plan files,
+    fingerprints and checkpoint manifests of existing models do not change.
     """
 
     name: str
@@ -48,20 +84,54 @@ class ModelSpec:
     the vocabulary rounded up to a multiple of this times the TP size, so that every TP rank holds an equal,
     GEMM-friendly share (GPT-2's 50,257 tokens become 50,304 at tp 1 and 51,200 at tp 8). The rows past
     ``vocab_size`` are never a target."""
+    head_dim: int | None = None
+    """Channels per attention head; None means hidden_size / num_attention_heads (resolved on creation, so
+    ``spec.head_dim`` is always a number). Qwen3 decouples it (llama only): q is ``q_size`` wide.
+    ``dataclasses.replace`` carries the resolved value over: give head_dim again when changing the width."""
+    qkv_bias: bool = False
+    """Biases on the q, k and v projections, not on o (Qwen2; llama only: gpt has every bias already)."""
+    qk_norm: bool = False
+    """RMSNorm over head_dim (weights of head_dim, eps norm_eps) on each head of q and of k before RoPE
+    (Qwen3; llama only)."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3.1's RoPE frequency scaling (llama only); None: plain RoPE."""
+    max_positions: int | None = None
+    """Rows of gpt's learned position table (Hugging Face's ``n_positions``); None means the training
+    sequence length. A training sequence longer than this is refused (plan.py ``sequence_refusal``)."""
+    activation: str | None = None
+    """The MLP activation (``ACTIVATIONS``); None means the architecture's default (``mlp_activation``)."""
+    sliding_window: int | None = None
+    """Mistral's attention window in tokens (llama only). The runtime's attention is full causal, which is
+    the windowed attention exactly while the training sequence fits the window; a longer one is refused."""
 
     def __post_init__(self) -> None:
         if self.tie_embeddings is None:
             object.__setattr__(self, "tie_embeddings", self.architecture == "gpt")
+        if self.head_dim is None and self._derived_head_dim() is not None:
+            object.__setattr__(self, "head_dim", self._derived_head_dim())
+
+    def _derived_head_dim(self) -> int | None:
+        """hidden_size / num_attention_heads where that is a whole positive number (else validate refuses)."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        ok = isinstance(h, int) and isinstance(heads, int) and heads > 0 and h > 0 and h % heads == 0
+        return h // heads if ok else None
+
+    def defaults_omitted(self) -> dict[str, Any]:
+        """The fields ``to_dict`` leaves out while they hold these values, the ones they take when not given
+        (head_dim's depends on the spec), so that a model without the newer features serialises as before."""
+        return {"head_dim": self._derived_head_dim(), "qkv_bias": False, "qk_norm": False, "rope_scaling": None,
+                "max_positions": None, "activation": None, "sliding_window": None}
 
     def validate(self) -> None:
         require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
         for field, high in (("num_layers", MAX_LAYERS), ("hidden_size", MAX_HIDDEN_SIZE),
                             ("ffn_hidden_size", 4 * MAX_HIDDEN_SIZE), ("num_attention_heads", MAX_HIDDEN_SIZE),
                             ("num_kv_heads", MAX_HIDDEN_SIZE), ("vocab_size", MAX_VOCAB_SIZE),
-                            ("seq_len", MAX_SEQ_LEN)):
+                            ("seq_len", MAX_SEQ_LEN), ("head_dim", MAX_HIDDEN_SIZE)):
             require_range(self, field, 1, high)
-        require(self.hidden_size % self.num_attention_heads == 0, "hidden_size",
-                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}")
+        require(self.head_dim is not None, "hidden_size",
+                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
+                + ("; give head_dim for a head width of its own" if self.architecture == "llama" else ""))
         require(self.num_attention_heads % self.num_kv_heads == 0, "num_kv_heads",
                 f"{self.num_kv_heads} must divide num_attention_heads={self.num_attention_heads}")
         require(0.0 <= self.dropout < 1.0, "dropout", "must be in [0, 1)")
@@ -69,11 +139,39 @@ class ModelSpec:
         require(1.0 < self.rope_theta <= 1e12, "rope_theta",
                 f"{self.rope_theta} must be in (1, 1e12]: the RoPE base (10000 or 500000 in published models)")
         require(0.0 < self.norm_eps < 1.0, "norm_eps", f"{self.norm_eps} must be in (0, 1) (1e-5 or 1e-6 usually)")
+        self._validate_features()
         require(self.total_params() <= MAX_PARAMS, "num_layers",
                 f"the model would have {self.total_params():.3g} parameters, more than {MAX_PARAMS:.0e}")
         if self.architecture == "gpt":
             require(self.num_kv_heads == self.num_attention_heads, "num_kv_heads",
                     "gpt uses multi-head attention; set num_kv_heads equal to num_attention_heads")
+
+    def _validate_features(self) -> None:
+        """The optional features: each on the architecture whose runtime model has it, in range."""
+        allowed = ACTIVATIONS[self.architecture]
+        require(self.activation is None or self.activation in allowed, "activation",
+                f"{self.activation!r} is not one {self.architecture} computes; use one of {', '.join(allowed)}")
+        if self.architecture == "gpt":
+            require(self.q_size == self.hidden_size, "head_dim",
+                    f"{self.head_dim} x {self.num_attention_heads} heads is not hidden_size={self.hidden_size}; gpt "
+                    "splits hidden_size into its heads: remove head_dim")
+            for field in ("qkv_bias", "qk_norm", "rope_scaling", "sliding_window"):
+                require(getattr(self, field) in (False, None), field,
+                        "is a llama feature (gpt has biases everywhere, learned positions, full attention); "
+                        "remove it or use architecture: llama")
+        else:
+            require(self.max_positions is None, "max_positions",
+                    "is the rows of gpt's learned position table; llama has rotary positions: remove it")
+        if self.rope_scaling is not None:
+            try:
+                self.rope_scaling.validate()
+            except ValueError as err:
+                raise type(err)(f"rope_scaling.{err}") from None
+        for field in ("max_positions", "sliding_window"):
+            require_range(self, field, 1, MAX_SEQ_LEN)
+            limit = getattr(self, field)
+            require(limit is None or self.seq_len <= limit, "seq_len",
+                    f"{self.seq_len} exceeds {field}={limit}; use a seq_len of at most {limit}")
 
     def padded_vocab_size(self, tp: int = 1) -> int:
         """Rows of the embedding and the output projection at TP size ``tp`` (Megatron-LM's
@@ -82,8 +180,10 @@ class ModelSpec:
         return -(-self.vocab_size // multiple) * multiple
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def q_size(self) -> int:
+        """Width of the Q projection output and of the O projection input: heads x head_dim (hidden_size
+        unless head_dim is decoupled)."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
@@ -91,22 +191,34 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def mlp_activation(self) -> str:
+        """``activation``, or the architecture's default (gelu for gpt, silu for llama)."""
+        return self.activation or ACTIVATIONS[self.architecture][0]
+
+    @property
     def mlp_matrices(self) -> int:
         """Weight matrices of size h x ffn in the MLP: 2 for GELU, 3 for SwiGLU (gate, up, down)."""
         return 3 if self.architecture == "llama" else 2
 
+    def position_rows(self, seq_len: int | None = None) -> int:
+        """Rows of gpt's learned position table: max_positions, else the training sequence length
+        (``seq_len``, default the spec's)."""
+        return self.max_positions or seq_len or self.seq_len
+
     def layer_params(self) -> int:
         """Parameters of one transformer block, biases and norm weights included."""
-        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_size
-        attn = h * h + 2 * h * kv + h * h  # q, k, v, o
+        h, f, q, kv = self.hidden_size, self.ffn_hidden_size, self.q_size, self.kv_size
+        attn = h * q + 2 * h * kv + q * h  # q, k, v, o
         mlp = self.mlp_matrices * h * f
         if self.architecture == "gpt":
-            return attn + mlp + (h + 2 * kv + h) + (f + h) + 4 * h  # biases; two LayerNorms with bias
-        return attn + mlp + 2 * h  # two RMSNorm weights
+            return attn + mlp + (q + 2 * kv + h) + (f + h) + 4 * h  # biases; two LayerNorms with bias
+        biases = (q + 2 * kv) if self.qkv_bias else 0
+        qk_norms = 2 * self.head_dim if self.qk_norm else 0
+        return attn + mlp + 2 * h + biases + qk_norms  # two RMSNorm weights
 
     def embedding_params(self) -> int:
-        """Token embedding (+ learned positions for gpt)."""
-        pos = self.seq_len * self.hidden_size if self.architecture == "gpt" else 0
+        """Token embedding (+ learned positions for gpt, ``position_rows`` of them)."""
+        pos = self.position_rows() * self.hidden_size if self.architecture == "gpt" else 0
         return self.vocab_size * self.hidden_size + pos
 
     def head_params(self) -> int:

@@ -11,7 +11,14 @@ fastest, then ``cp``, then ``dp``, then ``pp``:
     global_rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)),   world = tp * cp * dp * pp
 
 Megatron-LM's formula with the context-parallel axis inside the data-parallel one, torchtitan's mesh order
-(pp, dp, cp, tp). So axis a has stride = the product of the sizes of the axes after it; a group along
+(pp, dp, cp, tp).
+
+Expert layers (Mixture of Experts) fold the same ranks another way, as Megatron-Core does (its
+``RankGenerator`` with order "tp-ep-dp-pp" for experts): the tp x cp x dp ranks of one pipeline rank are
+regrouped as etp x ep x edp, expert tensor parallel fastest, then expert parallel, then the experts' own
+data parallel (``EXPERT_AXES``). So with etp = 1 an EP group is ep consecutive ranks (inside a node when
+ep <= devices per node), taking the TP ranks first and then data-parallel replicas, and the ranks that
+hold the same experts (``edp``) are ep x etp apart. Attention and dense layers keep the four axes above. So axis a has stride = the product of the sizes of the axes after it; a group along
 adjacent axes (``dp_cp``: dp and cp) is a regular strided set too. The cost model prices a group's
 collectives on the links its ``span`` crosses (cost/comm.py), the runtime builds its DeviceMesh from
 ``mesh_shape`` and the same group lists (runtime/mesh.py): both read this object, so the groups a plan
@@ -37,6 +44,29 @@ GROUPS: dict[str, tuple[str, ...]] = {
 """Each named group and the axes its members differ in. ``dp_cp``: the ranks that hold the same parameters
 (one pipeline rank, one TP shard): gradients are averaged and ZeRO shards over them, torchtitan's
 ``dp_shard_cp``, because CP ranks hold the same weights and see different tokens, like data replicas."""
+
+
+EXPERT_AXES = ("pp", "edp", "ep", "etp")
+"""The expert layers' grid, outermost first (etp fastest): the same ranks as ``AXES``, folded differently."""
+
+EXPERT_GROUPS: dict[str, tuple[str, ...]] = {
+    "ep": ("ep",),
+    "etp": ("etp",),
+    "edp": ("edp",),
+    "ep_etp": ("ep", "etp"),
+}
+"""Named groups of the expert grid. ``ep``: the ranks tokens are dispatched among (all-to-all); ``etp``: the
+ranks one expert's matrices are split over; ``edp``: the ranks holding the same experts, over which expert
+gradients are reduced and ZeRO shards expert states."""
+
+
+class ExpertCoords(NamedTuple):
+    """A rank's coordinate along each expert axis."""
+
+    pp: int
+    edp: int
+    ep: int
+    etp: int
 
 
 class Coords(NamedTuple):
@@ -75,11 +105,17 @@ class ParallelDims:
     dp: int = 1
     cp: int = 1
     tp: int = 1
+    ep: int = 1
+    """Expert parallel size: the routed experts are split over ep ranks (1 for a dense model)."""
+    etp: int = 1
+    """Expert tensor parallel size: each expert's matrices are split over etp ranks."""
 
     @classmethod
     def of(cls, layout: Any) -> "ParallelDims":
-        """The dimensions of anything that has the four sizes (a ``ParallelConfig``, ``Layout`` or ``Plan``)."""
-        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp)
+        """The dimensions of anything that has the four sizes (a ``ParallelConfig``, ``Layout`` or ``Plan``),
+        and ``ep`` / ``etp`` where it has them."""
+        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=getattr(layout, "ep", 1),
+                   etp=getattr(layout, "etp", 1))
 
     @classmethod
     def filling(cls, world_size: int, pp: int = 1, cp: int = 1, tp: int = 1) -> "ParallelDims | None":
@@ -198,5 +234,60 @@ class ParallelDims:
         return tuple(self.node_of(self.first_rank(r), devices_per_node) for r in range(self.pp))
 
     def as_dict(self) -> dict[str, int]:
-        """{axis: size} in ``AXES`` order, for metrics, manifests and traces."""
-        return {axis: getattr(self, axis) for axis in AXES}
+        """{axis: size} in ``AXES`` order, for metrics, manifests and traces (ep and etp only when used, so a
+        dense layout's record is what it always was)."""
+        sizes = {axis: getattr(self, axis) for axis in AXES}
+        return sizes | {axis: getattr(self, axis) for axis in ("ep", "etp") if getattr(self, axis) > 1}
+
+    # expert layers -----------------------------------------------------------------------------------------
+
+    @property
+    def edp(self) -> int:
+        """Ranks of one pipeline rank holding the same experts: tp x cp x dp / (ep x etp)."""
+        return self.stage_ranks // (self.ep * self.etp)
+
+    def expert_fold_error(self) -> str | None:
+        """Why ep x etp cannot fold into the ranks of one pipeline rank, or None when it can."""
+        if self.ep < 1 or self.etp < 1:
+            return f"ep {self.ep} and etp {self.etp} must be at least 1"
+        if self.stage_ranks % (self.ep * self.etp):
+            return (f"ep x etp = {self.ep * self.etp} must divide the tp x cp x dp = {self.stage_ranks} ranks of a "
+                    "pipeline rank, which the expert layers regroup")
+        return None
+
+    def expert_stride(self, axis: str) -> int:
+        """Rank distance between neighbours along an expert axis (etp 1, ep etp, edp ep x etp, pp stage_ranks)."""
+        return {"etp": 1, "ep": self.etp, "edp": self.ep * self.etp, "pp": self.stage_ranks}[axis]
+
+    def expert_coords(self, rank: int) -> ExpertCoords:
+        local = self.coords(rank)  # checks the rank
+        within = rank % self.stage_ranks
+        return ExpertCoords(local.pp, within // (self.ep * self.etp), within // self.etp % self.ep, within % self.etp)
+
+    def expert_span(self, group: str) -> GroupSpan:
+        """Size and member stride of an expert group (``EXPERT_GROUPS``)."""
+        axes = EXPERT_GROUPS[group]
+        size = 1
+        for axis in axes:
+            size *= getattr(self, axis)
+        return GroupSpan(size, self.expert_stride(axes[-1]))
+
+    def expert_group_of(self, rank: int, group: str) -> list[int]:
+        """The members of ``rank``'s expert group of one kind, in rank order."""
+        c = self.expert_coords(rank)._asdict()
+        members = [0]
+        for axis in EXPERT_AXES:
+            stride = self.expert_stride(axis)
+            if axis in EXPERT_GROUPS[group]:
+                members = [m + i * stride for m in members for i in range(getattr(self, axis))]
+            else:
+                members = [m + c[axis] * stride for m in members]
+        return sorted(members)
+
+    def expert_groups(self, group: str) -> list[list[int]]:
+        """Every expert group of one kind, each in rank order, sorted (what the runtime creates, in this order)."""
+        seen: dict[int, list[int]] = {}
+        for rank in range(self.world_size):
+            members = self.expert_group_of(rank, group)
+            seen.setdefault(members[0], members)
+        return [seen[k] for k in sorted(seen)]

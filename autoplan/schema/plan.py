@@ -216,12 +216,29 @@ def check_fits(layout: Layout, model: ModelSpec, training: TrainingSetup, num_de
     require(layout.num_stages <= model.num_layers, "pp",
             f"pp * virtual_stages = {layout.num_stages} exceeds num_layers = {model.num_layers}")
     check_context_parallel(layout.cp, model, training)
+    reason = sequence_refusal(model, training)
+    require(reason is None, "seq_len", reason or "")
     if num_devices is not None:
         require(layout.world_size == num_devices, "dp",
                 f"tp * cp * pp * dp = {layout.world_size} but the cluster has {num_devices} devices")
     per_step = layout.micro_batch_size * layout.num_microbatches * layout.dp
     require(per_step == training.global_batch_size, "num_microbatches",
             f"micro_batch_size * num_microbatches * dp = {per_step}, global_batch_size = {training.global_batch_size}")
+
+
+def sequence_refusal(model: ModelSpec, training: TrainingSetup) -> str | None:
+    """Why the model cannot train on ``training.seq_len`` tokens per sequence (None: it can): gpt's learned
+    position table has ``max_positions`` rows, and a sliding window (Mistral) equals the runtime's full
+    causal attention only while the whole sequence fits in it."""
+    s = training.seq_len
+    if model.max_positions is not None and s > model.max_positions:
+        return (f"{s} tokens exceed the model's max_positions={model.max_positions} (the rows of its learned "
+                f"position table); train with --seq-len {model.max_positions} or less")
+    if model.sliding_window is not None and s > model.sliding_window:
+        return (f"{s} tokens exceed the model's sliding_window={model.sliding_window}, and the runtime's attention "
+                f"is full causal (equal to the windowed one only within the window); train with --seq-len "
+                f"{model.sliding_window} or less")
+    return None
 
 
 def context_parallel_refusal(cp: int, model: ModelSpec, training: TrainingSetup) -> str | None:

@@ -96,6 +96,22 @@ def build_schedule(schedule: str, pp: int, virtual_stages: int, num_microbatches
     raise SpecError(f"schedule: {schedule!r} is not one of gpipe, 1f1b, interleaved, zb1p, zbv, dualpipev")
 
 
+@functools.lru_cache(maxsize=256)
+def forward_only_schedule(schedule: str, pp: int, virtual_stages: int, num_microbatches: int) -> RankOrders:
+    """Per-rank compute order of a forward-only pass (evaluation) under ``schedule``: each rank's forwards,
+    in the order the training list runs them, on the same stage placement.
+
+    Why the training list's forwards and not a schedule of its own: a forward waits only for the forward
+    of the previous stage on the same micro-batch, and the training list runs to completion, so an order
+    of its forwards that respects those waits exists (the training run's own); keeping each rank's
+    subsequence keeps that order valid, whatever the schedule -- no deadlock by construction. The runtime
+    (runtime/evaluate.py) hands these lists to torch's lowering passes, and the cost model's ``simulate``
+    accepts them as any other list (the time of a forward-only pass: m + pp - 1 forwards for one stage per
+    rank). Cached like ``build_schedule``; treat the result as read-only."""
+    orders = build_schedule(schedule, pp, virtual_stages, num_microbatches)
+    return {rank: [a for a in actions if a.kind == "F"] for rank, actions in orders.items()}
+
+
 def gpipe_order(rank: int, m: int) -> list[Action]:
     """All forwards, then all backwards, in micro-batch order."""
     return [Action(rank, "F", i) for i in range(m)] + [Action(rank, "B", i) for i in range(m)]
@@ -288,3 +304,13 @@ def check_schedule(orders: RankOrders, schedule: str, pp: int, num_stages: int, 
                     raise AssertionError(f"rank {rank}: stage {s} micro-batch {i} needs F and one of B or I + W")
         if len(seen) != sum(2 + (Action(a.stage, "I", a.microbatch) in seen) for a in seen if a.kind == "F"):
             raise AssertionError(f"rank {rank} runs actions of micro-batches outside 0..{m - 1}")
+
+
+def check_forward_only(orders: RankOrders, schedule: str, pp: int, num_stages: int, m: int) -> None:
+    """Forward-only rules: every rank runs only forwards, of its own stages, and each (stage, micro-batch)
+    exactly once."""
+    for rank, actions in orders.items():
+        want = {Action(s, "F", i) for s in stages_of_rank(schedule, rank, pp, num_stages // pp) for i in range(m)}
+        if any(a.kind != "F" for a in actions) or len(actions) != len(set(actions)) or set(actions) != want:
+            raise AssertionError(f"rank {rank}: expected each forward of its stages once, got "
+                                 f"{' '.join(map(str, actions))}")

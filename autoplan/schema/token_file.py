@@ -205,3 +205,19 @@ def windows(tokens: int, seq_len: int) -> int:
     window i being ids [i*T, (i+1)*T + 1): consecutive windows share one id, so none is wasted."""
     return max(0, (tokens - 1) // seq_len)
 
+
+def describe_eval(path: str | os.PathLike, vocab_size: int, seq_len: int, wanted: int, flag: str = "--data",
+                  option: str = "--sequences") -> TokenFileInfo:
+    """``describe`` for a file whose first ``wanted`` windows are evaluated in order (``autoplan eval``,
+    ``autoplan run --eval-data``), which must hold that many; errors name ``flag`` and ``option``."""
+    if wanted < 1:
+        raise SpecError(f"{option}: {wanted} must be at least 1")
+    try:
+        info = describe(path, vocab_size, seq_len)
+    except SpecError as err:
+        raise SpecError(str(err).replace("--data", flag, 1)) from None
+    have = windows(info.tokens, seq_len)
+    if wanted > have:
+        raise SpecError(f"{option}: {wanted:,} windows of seq_len {seq_len} + 1 ids asked for, but {flag} {path} holds "
+                        f"{have:,}; ask for at most {have:,} or give a longer file")
+    return info

@@ -7,8 +7,9 @@ rely on):
   tokens [B, T] (int64) -> hidden [B, T, H]
 * ``model.blocks`` -- ``nn.ModuleDict`` keyed by the *global* layer index as a string ("0", "1", ...), so
   a pipeline stage that keeps only some blocks keeps the full model's parameter names. Each block has
-  ``attn_norm``, ``attn`` (``q``, ``k``, ``v``, ``o`` Linears and a ``core`` attention module),
-  ``mlp_norm`` and ``mlp`` (GPT: ``fc1``, ``fc2``; Llama: ``gate``, ``up``, ``down``).
+  ``attn_norm``, ``attn`` (``q``, ``k``, ``v``, ``o`` Linears and a ``core`` attention module; Llama with
+  ``qk_norm`` also ``q_norm`` and ``k_norm``, RMSNorms over one head), ``mlp_norm`` and ``mlp`` (GPT:
+  ``fc1``, ``fc2``; Llama: ``gate``, ``up``, ``down``). Hugging Face checkpoints map onto these names.
 * ``model.norm``   -- final norm, ``model.head`` -- output projection hidden [B, T, H] -> logits [B, T, V].
 
 A pipeline stage sets ``embed`` (all but the first stage) and ``norm``/``head`` (all but the last) to
@@ -34,8 +35,8 @@ from runtime.models.llama import Llama
 def build_model(spec: ModelSpec, device: str | torch.device = "cpu", seq_len: int | None = None,
                 seed: int = 0) -> nn.Module:
     """The whole reference model for ``spec`` with fp32 parameters on ``device``, initialised from
-    ``seed`` (on ``meta``: shapes only). ``seq_len`` (default ``spec.seq_len``) sizes GPT's learned
-    position table and Llama's rotary cache."""
+    ``seed`` (on ``meta``: shapes only). ``seq_len`` (default ``spec.seq_len``) sizes Llama's rotary cache
+    and, unless ``spec.max_positions`` does, GPT's learned position table."""
     model = build_stage_model(spec, seq_len or spec.seq_len, None, True, True, device)
     if torch.device(device).type != "meta":
         init_parameters(model, spec, seed)

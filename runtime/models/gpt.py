@@ -1,4 +1,9 @@
-"""GPT-2 style reference model (nanoGPT-like): LayerNorm, GELU MLP, learned positions, biases."""
+"""GPT-2 style reference model (nanoGPT-like): LayerNorm, GELU MLP, learned positions, biases.
+
+Hugging Face's GPT2LMHeadModel computes the same function: its fused ``c_attn`` is q, k and v side by
+side and its ``Conv1D`` weights are these Linears' transposed ([in, out]); ``spec.max_positions`` rows of
+positions (``n_positions``) and ``spec.activation`` ``gelu_tanh`` (``gelu_new``) make it exact
+(tests/runtime/test_hf_families.py compares the logits)."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ class Embedding(nn.Module):
     def __init__(self, spec: ModelSpec, seq_len: int, vocab_rows: int) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab_rows, spec.hidden_size)
-        self.pos = nn.Embedding(seq_len, spec.hidden_size)
+        self.pos = nn.Embedding(spec.position_rows(seq_len), spec.hidden_size)  # rows past seq_len: never read
         self.drop = LayoutFreeDropout(spec.dropout)
         self.positions: torch.Tensor | None = None
         """Global positions of the tokens this rank holds (context parallelism); None: 0 .. T-1."""
@@ -55,9 +60,12 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(spec.hidden_size, spec.ffn_hidden_size)
         self.fc2 = nn.Linear(spec.ffn_hidden_size, spec.hidden_size)
         self.drop = LayoutFreeDropout(spec.dropout)
+        self.approximate = "tanh" if spec.mlp_activation == "gelu_tanh" else "none"
+        """F.gelu's form: exact (erf) or GPT-2's tanh approximation."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(F.gelu(self.fc1(x))))  # [B, T, H] -> [B, T, F] -> [B, T, H]
+        # [B, T, H] -> [B, T, F] -> [B, T, H]
+        return self.drop(self.fc2(F.gelu(self.fc1(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):

@@ -7,8 +7,9 @@ starts with the same values under any tp / pp / dp / ZeRO as in the serial run, 
 built alone (on meta, then materialised) equals the same blocks of the full model.
 
 Values (nanoGPT / GPT-2): N(0, 0.02) for matrices and embeddings, the residual output projections
-(attn.o, mlp.fc2, mlp.down) N(0, 0.02 / sqrt(2 L)), norm weights 1, biases 0. A tied head copy on the
-last pipeline stage takes the embedding's name, hence its values.
+(attn.o, mlp.fc2, mlp.down) N(0, 0.02 / sqrt(2 L)), norm weights 1 (Qwen3's per-head ``q_norm`` and
+``k_norm`` too), biases 0 (Qwen2's q/k/v biases too): every 1-d parameter is a norm weight or a bias.
+A tied head copy on the last pipeline stage takes the embedding's name, hence its values.
 
 Cost at scale: each rank draws the full tensor of every parameter of its stages, one parameter at a time
 on its own device, so init time is proportional to the stage's unsharded parameter count (the planner's

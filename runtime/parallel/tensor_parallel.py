@@ -7,6 +7,14 @@ and one backward. The token embedding is vocabulary-parallel (RowwiseParallel on
 head column-parallel over the vocabulary; with ``loss_parallel`` the logits stay sharded and the
 cross-entropy runs on the shards (no [B, T, V] all-gather).
 
+Biases (GPT's; Qwen2's q/k/v) are split with their column-parallel weight and kept whole after a
+row-parallel one (added once, after the reduction). Qwen3's per-head RMSNorms (``attn.q_norm``,
+``attn.k_norm``, over head_dim of the [B, T, heads, d] projections) act on the rank's own heads: their
+weight is the same on every rank, but each rank's gradient covers only its heads, so they are
+``SequenceParallel`` over the heads dimension (torchtitan's qwen3 plan): a Replicate DTensor weight and
+Shard(2) activations, so DTensor sums the weight's gradient over the TP group (a plain replicated weight
+would keep each rank's partial gradient).
+
 Sequence parallel (Korthikanti 2022): norms run on sequence shards (``SequenceParallel``); the block
 inputs are all-gathered (``PrepareModuleInput`` Shard(1) -> Replicate) and o/fc2/down reduce-scatter to
 Shard(1). Activations between blocks, and between pipeline stages, are then [B, T/tp, H] local tensors.
@@ -29,10 +37,13 @@ from runtime.models.dropout import LayoutFreeDropout
 
 
 def block_plan(block: nn.Module, sp: bool) -> dict:
-    """The TP plan of one block (GPT: fc1/fc2; Llama: gate/up/down)."""
+    """The TP plan of one block (GPT: fc1/fc2; Llama: gate/up/down; Qwen3's q_norm/k_norm)."""
     out = Shard(1) if sp else Replicate()
     plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
             "attn.o": RowwiseParallel(output_layouts=out)}
+    if hasattr(block.attn, "q_norm"):  # heads are dim 2 of their [B, T, heads, d] input; output stays local
+        plan |= {"attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+                 "attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)}
     if hasattr(block.mlp, "fc1"):
         plan |= {"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=out)}
     else:

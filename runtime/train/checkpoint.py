@@ -6,6 +6,7 @@ is the union of the stages' ``get_model_state_dict`` / flattened ``get_optimizer
 (torchtitan's ModelWrapper / OptimizersContainer), so a rank holding several interleaved stages writes
 the same keys as the ranks of any other layout. Parameters and optimizer state are DTensors (TP, FSDP2,
 replicate) or plain tensors, which DCP reshards on load: a checkpoint loads into any tp / pp / dp / ZeRO.
+``load_weights`` reads the model's keys only (``autoplan eval``: no optimizer state is made or read).
 A tied embedding is stored once, as ``embed.tok.weight``; a last stage on another pipeline rank, whose
 head holds a copy, saves nothing for it and loads the copy (and its optimizer state) from that name.
 
@@ -64,14 +65,20 @@ def _holds_tied_copy(model: nn.Module, spec: ModelSpec) -> bool:
     return spec.tie_embeddings and getattr(model, "head", None) is not None and getattr(model, "embed", None) is None
 
 
-def _part_state(model: nn.Module, optimizer, spec: ModelSpec) -> tuple[dict, dict]:
+def _model_part(model: nn.Module, spec: ModelSpec) -> dict:
+    """One stage model's state under the full model's names (a tied embedding once, as ``embed.tok.weight``)."""
     msd = get_model_state_dict(model)
-    osd = get_optimizer_state_dict(model, optimizer, options=FLAT)  # also creates empty state to load into
     if _holds_tied_copy(model, spec):
-        return _renamed(msd, TIED_COPY, TIED), _renamed(osd, TIED_COPY, TIED)
+        return _renamed(msd, TIED_COPY, TIED)
     if spec.tie_embeddings:
         msd.pop(TIED_COPY, None)  # the same tensor as embed.tok.weight
-    return msd, osd
+    return msd
+
+
+def _part_state(model: nn.Module, optimizer, spec: ModelSpec) -> tuple[dict, dict]:
+    msd = _model_part(model, spec)
+    osd = get_optimizer_state_dict(model, optimizer, options=FLAT)  # also creates empty state to load into
+    return msd, _renamed(osd, TIED_COPY, TIED) if _holds_tied_copy(model, spec) else osd
 
 
 def _state(models: list[nn.Module], optimizers: Optimizers, spec: ModelSpec) -> dict:
@@ -83,9 +90,10 @@ def _state(models: list[nn.Module], optimizers: Optimizers, spec: ModelSpec) -> 
     return {"model": model_sd, "optim": optim_sd}
 
 
-def save(directory: str, step: int, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec,
+def save(directory: str, step: int, models: list[nn.Module], optimizer: Optimizers | None, spec: ModelSpec,
          plan=None) -> Path:
-    """Write step ``step``'s checkpoint; with ``plan``, COMPLETE is a manifest of checksums (integrity.py)."""
+    """Write step ``step``'s checkpoint; with ``plan``, COMPLETE is a manifest of checksums (integrity.py).
+    ``optimizer=None`` writes the weights only (``--save-hf``'s transient checkpoint: not resumable)."""
     root = Path(directory)
     final, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
     rank = dist.get_rank()
@@ -93,7 +101,9 @@ def save(directory: str, step: int, models: list[nn.Module], optimizer: Optimize
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_state(models, optimizer, spec), checkpoint_id=str(tmp))
+    state = (_state(models, optimizer, spec) if optimizer is not None
+             else {"model": {k: v for model in models for k, v in _model_part(model, spec).items()}})
+    dcp.save(state, checkpoint_id=str(tmp))
     rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
     torch.save({"step": step, "rng": rng}, tmp / f"rng_rank{rank}.pt")
     dist.barrier()  # every rank's shard and RNG file is on disk
@@ -149,14 +159,35 @@ def _copy_rows(target: torch.Tensor, stored: torch.Tensor, vocab_size: int) -> N
         target.copy_(full.to(target.device))
 
 
-def load(path: Path, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec) -> int:
-    """Restore in place, from a checkpoint of any layout; returns the number of optimizer steps taken."""
-    state = _state(models, optimizer, spec)
+def _read(path: Path, state: dict, spec: ModelSpec) -> None:
+    """Fill ``state``'s tensors in place from the checkpoint, vocabulary tensors resized (module docstring)."""
     swaps = _resized_reads(path, state)
     dcp.load(state, checkpoint_id=str(path))  # fills the tensors of ``state`` in place
     for group, key, target, stored in swaps:
         _copy_rows(target, stored, spec.vocab_size)
         state[group][key] = target
+
+
+def _saved_step(path: Path) -> int:
+    manifest = read_manifest(path)  # None: a plain step number, written before manifests
+    return manifest.step if manifest is not None else int((path / "COMPLETE").read_text())
+
+
+def load_weights(path: Path, models: list[nn.Module], spec: ModelSpec) -> int:
+    """Only the model's weights, in place, from a checkpoint of any layout (DCP reads just those keys;
+    ``autoplan eval``); returns the checkpoint's step."""
+    state = {"model": {k: v for model in models for k, v in _model_part(model, spec).items()}}
+    _read(path, state, spec)
+    for model in models:
+        msd = _renamed(state["model"], TIED, TIED_COPY) if _holds_tied_copy(model, spec) else state["model"]
+        set_model_state_dict(model, msd, options=StateDictOptions(strict=False))  # other stages' keys too
+    return _saved_step(path)
+
+
+def load(path: Path, models: list[nn.Module], optimizer: Optimizers, spec: ModelSpec) -> int:
+    """Restore in place, from a checkpoint of any layout; returns the number of optimizer steps taken."""
+    state = _state(models, optimizer, spec)
+    _read(path, state, spec)
     for model, opt in zip(models, optimizer.optimizers):
         msd, osd = state["model"], state["optim"]
         if _holds_tied_copy(model, spec):
@@ -171,5 +202,4 @@ def load(path: Path, models: list[nn.Module], optimizer: Optimizers, spec: Model
         torch.set_rng_state(extra["rng"]["torch"])
         if extra["rng"]["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(extra["rng"]["cuda"])
-    manifest = read_manifest(path)  # None: a plain step number, written before manifests
-    return manifest.step if manifest is not None else int((path / "COMPLETE").read_text())
+    return _saved_step(path)

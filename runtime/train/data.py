@@ -119,12 +119,16 @@ class TokenSource:
         return self.order(k)
 
     def _file_rows(self, step: int, batch_size: int, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        t = self.seq_len
-        wins = self.window_ids(step, batch_size, first, count)
+        return self.rows(self.window_ids(step, batch_size, first, count))
+
+    def rows(self, wins: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets, int64 [len(wins), T] each, of the file's windows ``wins`` (in that
+        order; evaluation reads windows 0, 1, 2 ... through here, training its shuffled ones)."""
+        t, count = self.seq_len, len(wins)
         rows = np.empty((count, t + 1), dtype=self.tokens.dtype)
         for i, w in enumerate(wins.tolist()):  # one contiguous read per row from the memory map
             rows[i] = self.tokens[w * t:w * t + t + 1]
-        top = int(rows.max())
+        top = int(rows.max()) if count else 0
         if top >= self.vocab_size:
             bad = int(wins[int(np.argmax(rows.max(axis=1)))])
             raise SpecError(f"--data {self.path}: token id {top} >= model.vocab_size {self.vocab_size} in ids "

@@ -46,8 +46,8 @@ def write_complete(folder: Path, step: int, plan: Plan) -> None:
     dist.gather_object(mine, shares, dst=0)
     if dist.get_rank() == 0:
         files = {name: digest for share in shares for name, digest in share.items()}
-        manifest = Manifest(step, model_fingerprint(to_dict(plan.model)), _layout(plan), files,
-                            plan.training.knobs())
+        model = to_dict(plan.model)
+        manifest = Manifest(step, model_fingerprint(model), _layout(plan), files, plan.training.knobs(), model)
         write_atomic(folder / MARKER, manifest_text(manifest), what="checkpoint")
 
 

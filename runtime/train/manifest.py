@@ -33,6 +33,10 @@ class Manifest:
     training: dict[str, Any] = field(default_factory=dict)
     """The run's training knobs (TrainingSetup.knobs(): learning rate, schedule, seed...); empty in
     manifests written before they were recorded."""
+    model: dict[str, Any] | None = None
+    """The plan's model spec as written in the plan (``to_dict``), so that ``autoplan export-hf`` knows the
+    model from the checkpoint alone; None in manifests written before it was recorded (export then
+    needs ``--plan``)."""
 
 
 def model_fingerprint(model_dict: dict) -> str:
@@ -51,6 +55,7 @@ def file_digest(path: Path, chunk_bytes: int = 1 << 22) -> tuple[int, str]:
 def manifest_text(manifest: Manifest) -> str:
     return json.dumps({"format": FORMAT, "step": manifest.step, "model_sha256": manifest.model_sha256,
                        "layout": manifest.layout, "training": manifest.training,
+                       **({"model": manifest.model} if manifest.model is not None else {}),
                        "files": {n: {"bytes": b, "sha256": d} for n, (b, d) in sorted(manifest.files.items())}},
                       indent=1) + "\n"
 
@@ -64,8 +69,9 @@ def read_manifest(folder: Path) -> Manifest | None:
     try:
         data = json.loads(text)
         files = {str(n): (int(v["bytes"]), str(v["sha256"])) for n, v in data["files"].items()}
+        model = data.get("model")
         return Manifest(int(data["step"]), str(data["model_sha256"]), dict(data["layout"]), files,
-                        dict(data.get("training", {})))
+                        dict(data.get("training", {})), dict(model) if model is not None else None)
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{MARKER} is not a checkpoint manifest ({type(err).__name__})") from None
 

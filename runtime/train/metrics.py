@@ -35,7 +35,8 @@ class MetricsLog:
 
     def record(self, step: int, loss: float, step_time_s: float, tokens: int, peak_gib: float, lr: float,
                grad_norm: float, peak_gib_per_rank: list[float] | None = None, profiled: bool = False,
-               speed_probe: dict[str, float] | None = None, reserved_gib: float | None = None) -> dict:
+               speed_probe: dict[str, float] | None = None, reserved_gib: float | None = None,
+               eval_loss: float | None = None) -> dict:
         row = {"step": step, "loss": loss, "step_time_s": round(step_time_s, 6),
                "tokens_per_s": round(tokens / step_time_s, 2) if step_time_s > 0 else None,
                "peak_memory_gib": round(peak_gib, 6), "lr": lr, "grad_norm": grad_norm,
@@ -44,6 +45,8 @@ class MetricsLog:
             row["peak_memory_gib_per_rank"] = [round(g, 6) for g in peak_gib_per_rank]
         if reserved_gib is not None:  # CUDA: what the caching allocator held at the peak (this rank)
             row["peak_reserved_gib"] = round(reserved_gib, 6)
+        if eval_loss is not None:  # --eval-every: the validation loss after this step (runtime/evaluate.py)
+            row["eval_loss"] = eval_loss
         if profiled:
             row["profiled"] = True  # under the profiler: slower than the other steps
         if self.plan_fingerprint is not None:

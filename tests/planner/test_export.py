@@ -193,3 +193,23 @@ def test_megatron_uneven_first_and_last_stages(tmp_path):
                                              Stage(3, 3, (24, 32))))
     with pytest.raises(ExportError, match="nearest: an even split"):
         megatron_arguments(plan)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(qk_norm=True), "model.qk_norm"), (dict(qkv_bias=True), "model.qkv_bias"),
+    (dict(head_dim=64), "model.head_dim"),
+    (dict(rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}), "model.rope_scaling")])
+def test_hugging_face_features_the_exports_do_not_write_are_refused(tmp_path, change, field):
+    """Neither export writes Qwen's or Llama 3.1's extras: each refuses in one line rather than drop them."""
+    from autoplan.schema._io import from_dict, to_dict
+    from autoplan.schema.plan import Plan
+
+    _, plan = _plan(tmp_path, "--tp", "1", "--pp", "1", "--zero-stage", "2", "--schedule", "1f1b")
+    data = to_dict(plan)
+    data["model"] |= change
+    changed = from_dict(Plan, data)
+    for export in (megatron_arguments, torchtitan_toml):
+        with pytest.raises(ExportError, match=f"^{field}: ") as err:
+            export(changed)
+        assert "\n" not in str(err.value)

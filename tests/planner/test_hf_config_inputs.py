@@ -1,6 +1,6 @@
 """A Hugging Face ``config.json`` is either planned right or refused in one line that names the key.
 
-``autoplan plan config.json`` maps a llama, mistral or gpt2 config onto a ModelSpec
+``autoplan plan config.json`` maps a llama, mistral, qwen2, qwen3 or gpt2 config onto a ModelSpec
 (autoplan/schema/hf_config.py). Every key the mapping reads is checked before anything is derived from
 it: its JSON type (``4.0``, ``"4"``, ``true`` and ``[4]`` are not a layer count), ``null`` only where
 Hugging Face allows it, a finite number where a number is read, and a range (positive sizes,
@@ -42,6 +42,13 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidd
          "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
          "attention_dropout": 0.0, "head_dim": 8, "rope_scaling": None, "torch_dtype": "float32"}
 MISTRAL = json.loads((HERE / "data" / "mistral-7b-v0.1" / "config.json").read_text())
+QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 4, "hidden_size": 64,
+         "intermediate_size": 192, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 256,
+         "max_position_embeddings": 128, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 4096,
+         "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": True, "hidden_act": "silu",
+         "attention_dropout": 0.0}
+QWEN3 = {**QWEN2, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": 16,
+         "attention_bias": False, "tie_word_embeddings": False}
 GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 4,
         "n_inner": None, "vocab_size": 256, "n_positions": 128, "n_ctx": 128, "resid_pdrop": 0.1,
         "embd_pdrop": 0.1, "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-05, "activation_function": "gelu_new",
@@ -54,6 +61,14 @@ def llama(**changes: Any) -> str:
 
 def gpt2(**changes: Any) -> str:
     return json.dumps({**GPT2, **changes})
+
+
+def qwen2(**changes: Any) -> str:
+    return json.dumps({**QWEN2, **changes})
+
+
+def qwen3(**changes: Any) -> str:
+    return json.dumps({**QWEN3, **changes})
 
 
 def without(base: dict, key: str) -> str:
@@ -116,7 +131,6 @@ HOSTILE = {
     "num_key_value_heads not dividing heads": (llama(num_key_value_heads=3), "num_key_value_heads"),
     "num_key_value_heads 0": (llama(num_key_value_heads=0), "num_key_value_heads"),
     "num_key_value_heads 8.0": (llama(num_key_value_heads=8.0), "num_key_value_heads"),
-    "head_dim 16 (64 / 8 heads is 8)": (llama(head_dim=16), "head_dim"),
     "head_dim -8": (llama(head_dim=-8), "head_dim"),
     "max_position_embeddings 0": (llama(max_position_embeddings=0), "max_position_embeddings"),
     "max_position_embeddings null": (llama(max_position_embeddings=None), "max_position_embeddings"),
@@ -144,6 +158,36 @@ HOSTILE = {
     'hidden_act "gelu"': (llama(hidden_act="gelu"), "hidden_act"),
     "hidden_act 7": (llama(hidden_act=7), "hidden_act"),
     "rope_scaling 2": (llama(rope_scaling=2), "rope_scaling"),
+    # RoPE scaling: only Llama 3.1's rule; the legacy key or transformers 5's rope_parameters
+    "rope_scaling yarn": (llama(rope_scaling={"rope_type": "yarn", "factor": 4.0}), 'rope_scaling.rope_type: "yarn"'),
+    "rope_scaling linear (legacy type key)": (llama(rope_scaling={"type": "linear", "factor": 2.0}),
+                                              'rope_scaling.rope_type: "linear"'),
+    "rope_parameters dynamic": (llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+                                'rope_parameters.rope_type: "dynamic"'),
+    "rope_scaling llama3 without factor": (llama(rope_scaling={"rope_type": "llama3", "low_freq_factor": 1.0,
+                                                               "high_freq_factor": 4.0}),
+                                           "rope_scaling.factor: missing"),
+    "rope_scaling llama3 factor NaN": (llama(rope_scaling={"rope_type": "llama3", "factor": math.nan,
+                                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+                                       "rope_scaling.factor: NaN"),
+    "rope_scaling llama3 low >= high": (llama(rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                            "low_freq_factor": 4.0, "high_freq_factor": 4.0}),
+                                        "rope_scaling.low_freq_factor"),
+    "rope_parameters rope_theta 0": (llama(rope_parameters={"rope_type": "default", "rope_theta": 0}),
+                                     "rope_parameters.rope_theta"),
+    "rope_parameters partial rotation": (llama(rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.5}),
+                                         "rope_parameters.partial_rotary_factor"),
+    "rope_parameters per layer type": (llama(rope_parameters={"full_attention": {"rope_type": "default"}}),
+                                       "per layer type"),
+    # biases the runtime's llama has no place for, sliding windows it does not run
+    "attention_bias true (mistral)": (json.dumps({**MISTRAL, "attention_bias": True}), "attention_bias: true"),
+    "qwen2 use_sliding_window true": (qwen2(use_sliding_window=True), "use_sliding_window: true"),
+    "qwen3 use_sliding_window true": (qwen3(use_sliding_window=True), "use_sliding_window: true"),
+    "qwen3 attention_bias true (biases o too)": (qwen3(attention_bias=True), "attention_bias: true"),
+    "qwen3 head_dim null": (qwen3(head_dim=None), "head_dim: null"),
+    "qwen2 without num_key_value_heads (32 by default)": (without(QWEN2, "num_key_value_heads"),
+                                                         "num_key_value_heads (absent: qwen2's default): 32"),
+    "qwen2 hidden_act gelu": (qwen2(hidden_act="gelu"), "hidden_act"),
     # gpt2 (every key has a default; each one given must be right)
     "n_layer 0": (gpt2(n_layer=0), "n_layer"),
     "n_layer 2.5": (gpt2(n_layer=2.5), "n_layer"),
@@ -161,6 +205,11 @@ HOSTILE = {
     "layer_norm_epsilon Infinity": (gpt2(layer_norm_epsilon=math.inf), "layer_norm_epsilon"),
     'tie_word_embeddings "no" (gpt2)': (gpt2(tie_word_embeddings="no"), "tie_word_embeddings"),
     'activation_function "relu"': (gpt2(activation_function="relu"), "activation_function"),
+    'activation_function "gelu_fast"': (gpt2(activation_function="gelu_fast"), "activation_function"),
+    "scale_attn_by_inverse_layer_idx true": (gpt2(scale_attn_by_inverse_layer_idx=True),
+                                             "scale_attn_by_inverse_layer_idx"),
+    "scale_attn_weights false": (gpt2(scale_attn_weights=False), "scale_attn_weights"),
+    "add_cross_attention true": (gpt2(add_cross_attention=True), "add_cross_attention"),
     # what only the ModelSpec's validate() sees: the whole model
     "10^17 parameters": (llama(num_hidden_layers=10_000, hidden_size=2**20, intermediate_size=2**22,
                                head_dim=None), "parameters"),
@@ -235,11 +284,13 @@ def test_a_config_in_the_working_folder_is_named_after_it(tmp_path, monkeypatch)
 
 
 # ------------------------------------------------------------------------------------------- fuzz
-BASES = {"llama": LLAMA, "mistral": MISTRAL, "gpt2": GPT2}
+BASES = {"llama": LLAMA, "mistral": MISTRAL, "qwen2": QWEN2, "qwen3": QWEN3, "gpt2": GPT2}
 KEYS = {  # every key the mapping reads, present in the base or not
-    "llama": sorted({*LLAMA, "sliding_window"}),
+    "llama": sorted({*LLAMA, "sliding_window", "rope_parameters"}),
     "mistral": sorted({*MISTRAL, "head_dim", "attention_dropout", "attention_bias", "mlp_bias", "rope_scaling"}),
-    "gpt2": sorted(GPT2),
+    "qwen2": sorted({*QWEN2, "head_dim", "rope_scaling", "rope_parameters"}),
+    "qwen3": sorted({*QWEN3, "rope_scaling", "rope_parameters"}),
+    "gpt2": sorted({*GPT2, "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention"}),
 }
 HOSTILE_VALUES = [math.nan, math.inf, -math.inf, 2**70, -(2**70), -1, 0, 1, 0.5, 4.0, 1e-300, 1e300, True, False,
                   None, "text", "8", "", "\n", [1], [], {}, {"a": [1]}]
@@ -275,8 +326,11 @@ def meaningless(spec) -> list[str]:
         value = getattr(spec, field)
         if not (type(value) is int and 1 <= value < high):
             out.append(f"{field} = {value!r}")
-    if not out and (spec.hidden_size % spec.num_attention_heads or spec.num_attention_heads % spec.num_kv_heads):
-        out.append("the heads do not divide")
+    if not out and not (type(spec.head_dim) is int and 1 <= spec.head_dim < 10**7):
+        out.append(f"head_dim = {spec.head_dim!r}")
+    if not out and (spec.num_attention_heads % spec.num_kv_heads
+                    or (spec.architecture == "gpt" and spec.hidden_size % spec.num_attention_heads)):
+        out.append("the heads do not divide")  # llama may give head_dim apart from hidden_size / heads
     for field in ("dropout", "rope_theta", "norm_eps"):
         if not (type(getattr(spec, field)) is float and math.isfinite(getattr(spec, field))):
             out.append(f"{field} = {getattr(spec, field)!r}")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from autoplan.schema import ParallelDims
-from autoplan.schema.parallel_dims import AXES, GROUPS
+from autoplan.schema.parallel_dims import AXES, GROUPS, GroupSpan
 
 SHAPES = [(1, 1, 1, 1), (2, 2, 1, 2), (4, 1, 2, 2), (2, 4, 1, 1), (3, 2, 2, 4), (1, 2, 4, 1)]
 
@@ -101,3 +101,42 @@ def test_rank_out_of_range():
 def test_imports_without_torch():
     code = "import sys; sys.modules['torch'] = None\nimport autoplan.schema.parallel_dims"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# expert layers: the ranks of a pipeline rank regrouped as etp x ep x edp (Megatron-Core's "tp-ep-dp-pp")
+
+def test_expert_groups_take_consecutive_ranks_with_etp_fastest():
+    dims = ParallelDims(pp=2, dp=4, cp=1, tp=2, ep=4, etp=1)  # 16 ranks; a pipeline rank is 8 consecutive ones
+    assert dims.edp == 2
+    assert dims.expert_groups("ep") == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert dims.expert_groups("edp") == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]
+    assert dims.expert_coords(13) == (1, 1, 1, 0)
+    assert dims.expert_span("ep") == GroupSpan(4, 1) and dims.expert_span("edp") == GroupSpan(2, 4)
+
+
+def test_expert_tensor_parallel_inside_expert_parallel():
+    dims = ParallelDims(pp=1, dp=4, cp=2, tp=1, ep=2, etp=2)  # 8 ranks: etp pairs, ep pairs of pairs, edp 2
+    assert dims.expert_groups("etp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert dims.expert_groups("ep") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert dims.expert_groups("ep_etp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert dims.expert_groups("edp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize(("pp", "dp", "cp", "tp", "ep", "etp"),
+                         [(1, 8, 1, 1, 8, 1), (2, 2, 2, 2, 4, 2), (3, 4, 1, 2, 2, 1), (1, 2, 2, 2, 1, 4)])
+def test_expert_groups_partition_the_world(pp, dp, cp, tp, ep, etp):
+    dims = ParallelDims(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp)
+    assert dims.expert_fold_error() is None
+    for group in ("ep", "etp", "edp", "ep_etp"):
+        groups = dims.expert_groups(group)
+        assert sorted(r for g in groups for r in g) == list(range(dims.world_size))
+        span = dims.expert_span(group)
+        assert all(len(g) == span.size and all(b - a == span.stride for a, b in zip(g, g[1:])) for g in groups)
+        # a group never leaves its pipeline rank: experts are regrouped within the stage's ranks
+        assert all(len({dims.coords(r).pp for r in g}) == 1 for g in groups)
+
+
+def test_expert_fold_must_divide_the_stage_ranks():
+    assert "must divide the tp x cp x dp = 6" in ParallelDims(dp=3, tp=2, ep=4).expert_fold_error()
+    assert ParallelDims(dp=4, tp=2).as_dict() == {"pp": 1, "dp": 4, "cp": 1, "tp": 2}
+    assert ParallelDims(dp=4, tp=2, ep=8).as_dict()["ep"] == 8

@@ -38,3 +38,18 @@ def test_hf_config_without_transformers(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
     assert main(["profile", HF_LLAMA_CONFIG, "-o", str(tmp_path / "x.yaml"), "--quiet"]) == 2
     assert "pip install 'autoplan[hf]'" in capsys.readouterr().err
+
+
+def test_a_config_json_in_the_working_folder_takes_the_folder_name(tmp_path, monkeypatch):
+    """`cd model_dir && autoplan profile config.json`: the profile is named after model_dir, not ''
+    (issue 29: a profile named '' was then refused by `autoplan plan`)."""
+    import shutil
+
+    from tests.profiler.conftest import HF_LLAMA_CONFIG
+
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    shutil.copy(HF_LLAMA_CONFIG, folder / "config.json")
+    monkeypatch.chdir(folder)
+    assert main(["profile", "config.json", "-o", str(tmp_path / "p.yaml"), "--quiet", "--tp-sizes", "1"]) == 0
+    assert load_profile(tmp_path / "p.yaml").name == "my-llama"

@@ -3,6 +3,7 @@ user model the tracer has never seen (the MLP-Mixer in examples/custom_model).""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -110,3 +111,25 @@ def test_split_through_a_per_head_norm():
     options = ProfileOptions(micro_batch_sizes=(1,), tp_sizes=(1, 2), progress=False)
     profile = profile_model("tests.profiler.test_tp_splits:build_per_head_norm", options)
     assert all(block.tp_splits == (TpSplit(("q",), "o"),) for block in profile.blocks)
+
+
+GPT2_HF = (TpSplit(("attn.c_attn",), "attn.c_proj"), TpSplit(("mlp.c_fc",), "mlp.c_proj"))
+
+
+def test_hf_gpt2_conv1d_splits(tmp_path):
+    """transformers' GPT-2 projects with ``Conv1D`` (weight [in, out]), not nn.Linear: the tracer records
+    it as a linear, so the fused q/k/v ``c_attn`` splits by columns into ``c_proj`` and ``c_fc`` into the
+    MLP's ``c_proj``; a TP shard (c_attn's ``split_size`` cut with it) runs half of the block's GEMMs."""
+    pytest.importorskip("transformers")
+    config = tmp_path / "gpt2-tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text('{"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, '
+                      '"n_positions": 64, "bos_token_id": 0, "eos_token_id": 0}')
+    profile = profile_model(str(config), ProfileOptions(device="meta", micro_batch_sizes=(1,), tp_sizes=(1, 2),
+                                                        progress=False))
+    assert [block.tp_splits for block in profile.blocks] == [GPT2_HF, GPT2_HF]
+    m = profile.blocks[0].measurement(1)
+    half = m.shard(2)
+    assert half.fwd_flops * 2 == m.fwd_flops  # every GEMM of the block split; attention per head halves too
+    replicated = 4 * 64 + 2 * 64  # two LayerNorms (weight, bias) and the row-parallel projections' biases
+    assert half.params == (profile.blocks[0].params - replicated) // 2 + replicated

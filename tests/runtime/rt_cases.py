@@ -3,6 +3,21 @@ one torchrun launch per world size runs a whole list (start-up is 4-17 s per lau
 
 from __future__ import annotations
 
+import dataclasses
+
+from autoplan.schema import ModelSpec, load_model
+from autoplan.schema.model import RopeScaling
+
+QWEN3ISH = ModelSpec(name="qwen3ish-tiny", architecture="llama", num_layers=4, hidden_size=64, ffn_hidden_size=192,
+                     num_attention_heads=8, num_kv_heads=4, vocab_size=256, seq_len=64, head_dim=12, qkv_bias=True,
+                     qk_norm=True, rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                            original_max_position_embeddings=16))
+"""Every llama feature a Hugging Face family adds at once: Qwen2's q/k/v biases, Qwen3's per-head q/k
+RMSNorm and a head width of its own (8 heads x 12 = 96 != hidden 64), Llama 3.1's RoPE scaling (its
+original context of 16 tokens below the 32 trained on, so the scaled frequencies matter)."""
+GPT_TANH = dataclasses.replace(load_model("gpt-tiny"), activation="gelu_tanh", max_positions=64)
+"""gpt-tiny as GPT-2 computes it: the tanh GELU, and a position table of 64 rows trained at 32 tokens."""
+
 RECOMPUTE = {"full": (1, 6), "selective": (2, 5)}  # "some layers" on both pipeline ranks
 
 CASES: dict[int, dict[str, dict]] = {
@@ -43,6 +58,16 @@ CASES: dict[int, dict[str, dict]] = {
         "pp2_zb1p": dict(pp=2, schedule="zb1p", num_microbatches=4),
         "pp2_zbv": dict(pp=2, schedule="zbv", virtual_stages=2, num_microbatches=4),
         "pp2_dualpipev": dict(pp=2, schedule="dualpipev", virtual_stages=2, num_microbatches=4),
+        # Hugging Face families (issue 29): biases split with q/k/v, q/k norms' gradients summed over TP
+        # (+SP), the scaled RoPE tables under PP and at CP's global positions, FSDP2 over the new parameters.
+        # lr 1e-3 as for llama-tiny (at 1e-2 the serial run itself is unstable: 2e-4 between summation
+        # orders). Each TP rank keeping its partial q/k norm gradient instead moves the grad norm by 4.5e-5
+        "qwen3ish_tp2": dict(model=QWEN3ISH, tp=2, learning_rate=1e-3),
+        "qwen3ish_tp2_sp": dict(model=QWEN3ISH, tp=2, sp=True, learning_rate=1e-3),
+        "qwen3ish_pp2_1f1b": dict(model=QWEN3ISH, pp=2, schedule="1f1b", num_microbatches=4, learning_rate=1e-3),
+        "qwen3ish_cp2": dict(model=QWEN3ISH, cp=2, learning_rate=1e-3),
+        "qwen3ish_dp2_zero3": dict(model=QWEN3ISH, dp=2, zero=3, learning_rate=1e-3),
+        "gpt_tanh_positions_tp2": dict(model=GPT_TANH, tp=2),
     },
     4: {
         "tp4": dict(tp=4),
@@ -80,6 +105,9 @@ CASES: dict[int, dict[str, dict]] = {
                                                       num_microbatches=4, **RECOMPUTE),
         "llama_tp2_pp2_dualpipev": dict(model="llama-tiny", tp=2, pp=2, schedule="dualpipev", virtual_stages=2,
                                         num_microbatches=4, learning_rate=1e-3),
+        # FSDP2 over the TP mesh's Replicate q/k norm weights and Shard(0) biases
+        "qwen3ish_tp2_sp_dp2_zero3": dict(model=QWEN3ISH, tp=2, sp=True, dp=2, zero=3, micro_batch_size=1,
+                                          learning_rate=1e-3),
     },
     8: {
         "tp8": dict(tp=8),

@@ -15,6 +15,7 @@ import pytest
 from autoplan.cli.dry_run import ranks_of
 from autoplan.cost.local_params import local_params_per_rank
 from autoplan.schema import dump_plan, load_model, load_plan
+from rt_cases import GPT_TANH, QWEN3ISH
 from rt_helpers import make_plan
 from rt_launcher import ROOT
 from rt_plans import planner_plan
@@ -35,6 +36,11 @@ LAYOUTS = [
     # a 300-token vocabulary padded to 512 rows at tp2 (128 x tp), then cut in uneven ZeRO-3 chunks
     dict(model=dataclasses.replace(load_model("gpt-tiny"), name="gpt-tiny-v300", vocab_size=300), tp=2, pp=2,
          dp=3, zero=3, schedule="1f1b"),
+    # Hugging Face families: q/k/v biases split with their weights, q/k norms (12 channels) whole per TP rank
+    # then cut in uneven ZeRO-3 chunks; gpt's 64-row position table at seq_len 32
+    dict(model=QWEN3ISH, tp=2, pp=2, dp=3, zero=3, schedule="1f1b"),
+    dict(model=QWEN3ISH, tp=4, sp=True, dp=2, zero=1),
+    dict(model=GPT_TANH, tp=2, dp=2, zero=3),
 ]
 
 

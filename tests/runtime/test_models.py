@@ -138,3 +138,16 @@ def test_materialising_a_meta_model_keeps_its_tied_head():
     to_empty_keeping_ties(kept, torch.device("cpu"))
     assert kept.head.weight is kept.embed.tok.weight
     assert sum(p.numel() for p in kept.parameters()) == spec.total_params()
+
+
+def test_new_parameters_start_as_norms_and_biases_do():
+    """Qwen3's q/k norm weights start at 1 and Qwen2's q/k/v biases at 0 (runtime/models/init.py), the
+    shapes follow head_dim (12 channels, q 96 wide on a 64-wide model), and the count is the spec's."""
+    from rt_cases import QWEN3ISH
+
+    model = build_model(QWEN3ISH)
+    attn = model.blocks["0"].attn
+    assert attn.q.weight.shape == (96, 64) and attn.o.weight.shape == (64, 96) and attn.k.bias.shape == (48,)
+    assert torch.equal(attn.q_norm.weight, torch.ones(12)) and torch.equal(attn.k_norm.weight, torch.ones(12))
+    assert all(torch.equal(b, torch.zeros_like(b)) for b in (attn.q.bias, attn.k.bias, attn.v.bias))
+    assert sum(p.numel() for p in model.parameters()) == QWEN3ISH.total_params()

@@ -1,0 +1,169 @@
+"""Expert parallelism (EP) for ``runtime.models.moe.MoE``: the E routed experts split over the ep ranks of
+an EP group, the tokens sent to them and back with two all-to-alls (GShard, Lepikhin et al. 2020;
+Megatron-Core's ``MoEAlltoAllTokenDispatcher``; torchtitan's ``AllToAllTokenDispatcher``).
+
+Rank r of the EP group holds experts [r*E/ep, (r+1)*E/ep). The EP ranks are data-parallel replicas: each
+sees its own tokens (Megatron-Core carves the EP group out of the data-parallel ranks). Per MoE forward:
+1. route locally and sort the (token, slot) pairs by expert (``MoE.routed``);
+2. exchange the per-expert counts (all_to_all_single of E integers, no autograd), so each rank knows how
+   many rows it sends to and receives from every other (one device-to-host copy of the split sizes);
+3. all-to-all the token rows (autograd), regroup the received rows from rank-major to expert-major and
+   run the local experts;
+4. undo the regrouping and all-to-all the outputs back; the source rank weights and sums them.
+Backward runs the two all-to-alls in reverse, so an expert's weight gradient sums the contributions of
+every EP rank's tokens.
+
+The autograd all-to-all is ``torch.distributed._functional_collectives.all_to_all_single_autograd``
+(torchtitan's choice). Checked in torch 2.13 on gloo (CPU), with uneven and zero splits: it and the older
+``torch.distributed.nn.functional.all_to_all_single`` both give the right values and gradients; the
+latter warns that it is deprecated in favour of the functional collectives. NCCL supports the same call.
+
+Parameter layout: the expert weights become DTensors ``Shard(0)`` on the 1-D EP DeviceMesh (local
+[E/ep, ...] tensors; the forward uses ``to_local()``). Why not plain local tensors: a DTensor knows its
+global shape [E, F, H] and which slice it is, so (a) ``init.init_parameters`` draws the full tensor by
+name and keeps this rank's slice, the layout-free rule, unchanged; (b) DCP saves the shards under one
+name with their offsets and reshards them into another ep (plain tensors with one name and different
+values per rank would be taken as replicated and saved once); (c) FSDP2 composes with it as torchtitan
+does: ``fully_shard(moe.experts, mesh=edp_mesh)`` then ``fully_shard(model, mesh=dp_mesh)``, where the
+ep and edp meshes are the axes of one (edp, ep) DeviceMesh and dp_mesh their flattening, turns the
+expert weights into 2-D (edp x ep) DTensors and gives the serial gradients with FSDP2's default averaging
+(tests/runtime/ep_worker.py ``fsdp_case``; the EP axis must therefore come from the same root mesh as
+the data-parallel one). The slicing is local (``src_data_rank=None``): the EP layout starts from whatever
+values the serial layer held.
+
+Which gradients need which reduction (EP inside data parallelism; none is done here):
+* Dense parameters -- router, shared experts and the rest of the model: each rank's gradient comes from
+  its own tokens. Average over the whole data-parallel group, which includes the EP ranks (runtime's
+  FSDP2 / replicate over dp_cp already does this when the EP group lies inside it).
+* Routed-expert weights: the backward all-to-all already summed every EP rank's contributions on the
+  owning rank; with ``grad_mean=True`` that sum is scaled by 1/ep in backward, i.e. the gradient of the
+  mean of the EP ranks' losses, the same convention as the dense average. Ranks holding the same experts
+  (the expert-data-parallel group, dp/ep of them) then average over that group -- never over the EP
+  group (different experts) nor the full dp group. (Megatron-Core: expert gradients all-reduced over
+  expert-dp and scaled by 1/dp, which is the same number.)
+With FSDP2 as in (c) both happen with no extra call. ``reduce_gradients`` does both for a model without
+a data-parallel wrapper (the tests, or a trainer that reduces by hand).
+
+Load balancing over the group: ``MoE.aux_group`` (set here) makes the auxiliary loss count the expert
+loads over that group; ``update_expert_bias`` (sigmoid router) all-reduces the loads over the group it is
+given, so every replica applies the same bias change and stays identical.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from runtime.models.moe import MoE, GroupedExperts, moe_layers
+
+EXPERT_WEIGHTS = ("gate", "up", "down")
+
+
+class AllToAllDispatcher:
+    """Sends sorted (token, slot) rows to the EP ranks holding their experts, computes them, returns them.
+    Holds no parameters (a plain object on ``MoE.dispatcher``)."""
+
+    def __init__(self, group: Any, ep: int, num_experts: int) -> None:
+        self.group, self.ep, self.local_experts = group, ep, num_experts // ep
+
+    def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts: GroupedExperts) -> torch.Tensor:
+        """xs [N, H] sorted by global expert, counts [E] rows per expert -> expert outputs [N, H], same order."""
+        ep, e = self.ep, self.local_experts
+        with torch.no_grad():  # recv[i, j]: rows rank i sends to this rank's local expert j
+            recv = torch.empty_like(counts)
+            dist.all_to_all_single(recv, counts, group=self.group)
+            recv = recv.view(ep, e)
+            send_splits = counts.view(ep, e).sum(1).tolist()  # rows to each rank (host sync on a GPU)
+            recv_splits = recv.sum(1).tolist()
+            expert_of_row = torch.arange(e, device=xs.device).repeat(ep).repeat_interleave(recv.flatten())
+            perm = expert_of_row.argsort(stable=True)  # [R] rank-major -> expert-major
+            inverse = torch.empty_like(perm)
+            inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        xr = all_to_all_single_autograd(xs, recv_splits, send_splits, self.group)  # [R, H] rank-major
+        ye = experts(xr[perm], recv.sum(0))  # [R, H] expert-major, counts per local expert [e]
+        return all_to_all_single_autograd(ye[inverse], send_splits, recv_splits, self.group)  # [N, H]
+
+
+def as_mesh(ep: DeviceMesh | Any, device: torch.device) -> DeviceMesh:
+    """A 1-D DeviceMesh for ``ep``: the mesh itself, or one wrapped around a ProcessGroup."""
+    if isinstance(ep, DeviceMesh):
+        if ep.ndim != 1:
+            raise ValueError(f"the EP mesh must be 1-D, got {ep.ndim} axes")
+        return ep
+    return DeviceMesh.from_group(ep, device.type)
+
+
+def apply_expert_parallel(moe: MoE, ep: DeviceMesh | Any, *, grad_mean: bool = True, aux_group: Any = None) -> MoE:
+    """Split ``moe``'s experts over the EP group ``ep`` (a 1-D DeviceMesh, or a ProcessGroup) in place.
+
+    ``grad_mean``: scale the expert gradients by 1/ep in backward (the mean convention of the module
+    docstring); False leaves the plain sum of every EP rank's contributions.
+    ``aux_group``: the group the auxiliary loss counts loads over (None: this rank's tokens only; the
+    whole data-parallel group makes it the loss of the global batch)."""
+    mesh = as_mesh(ep, moe.router.weight.device)
+    size, num_experts = mesh.size(), moe.spec.num_experts
+    if num_experts % size:
+        raise ValueError(f"{num_experts} experts do not split over {size} EP ranks")
+    for name in EXPERT_WEIGHTS:
+        p = getattr(moe.experts, name)
+        if isinstance(p, DTensor):
+            raise ValueError("expert parallelism is already applied to this layer")
+        shard = distribute_tensor(p.detach(), mesh, [Shard(0)], src_data_rank=None)  # local slice, no comm
+        setattr(moe.experts, name, nn.Parameter(shard, requires_grad=p.requires_grad))
+    moe.experts.grad_scale = 1.0 / size if grad_mean else 1.0
+    moe.dispatcher = AllToAllDispatcher(mesh.get_group(), size, num_experts)
+    moe.aux_group = aux_group
+    return moe
+
+
+def expert_parameters(model: nn.Module) -> set[int]:
+    """ids of the routed-expert weights of every MoE layer of ``model``."""
+    return {id(p) for m in moe_layers(model) for p in m.experts.parameters()}
+
+
+@torch.no_grad()
+def _average(grads: list[torch.Tensor], group: Any) -> None:
+    """All-reduce the mean of ``grads`` over ``group`` in one flat buffer (SUM then divide: every backend)."""
+    if not grads or dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
+
+
+@torch.no_grad()
+def reduce_gradients(model: nn.Module, dp_group: Any, edp_group: Any = None) -> None:
+    """Average the gradients as a data-parallel wrapper would, for a model without one: the dense
+    parameters over ``dp_group`` (every data-parallel rank, EP ranks included), the expert weights over
+    ``edp_group`` (the ranks holding the same experts; None: there are none, ep == dp)."""
+    experts = expert_parameters(model)
+    grads = [(id(p) in experts, p.grad) for p in model.parameters() if p.grad is not None]
+    _average([g for is_expert, g in grads if not is_expert], dp_group)
+    if edp_group is not None:
+        _average([g.to_local() if isinstance(g, DTensor) else g for is_expert, g in grads if is_expert], edp_group)
+
+
+@torch.no_grad()
+def update_expert_bias(model: nn.Module, rate: float, group: Any = None) -> None:
+    """DeepSeek-V3's auxiliary-loss-free balancing (Wang et al. 2024), after the optimizer step: for each
+    sigmoid-routed layer, expert_bias += rate * sign(mean load - load_e), the load being the (token, slot)
+    pairs routed to e since the last call, summed over ``group`` (every EP x DP rank: all replicas then
+    apply the same change). Resets every layer's load counter. DeepSeek-V3 used rate 0.001."""
+    layers = moe_layers(model)
+    if not layers:
+        return
+    loads = torch.stack([m.tokens_per_expert for m in layers])  # [L, E], one all-reduce for all layers
+    if group is not None:
+        dist.all_reduce(loads, group=group)
+    for m, load in zip(layers, loads):
+        if m.spec.router == "sigmoid":
+            m.router.expert_bias += rate * torch.sign(load.mean() - load)
+        m.tokens_per_expert.zero_()

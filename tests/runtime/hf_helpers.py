@@ -1,0 +1,114 @@
+"""Test helpers for Hugging Face folders: a tiny random ``transformers`` model per family saved as a folder,
+a world of one in-process, and training the ``transformers`` model itself as the serial reference."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+SEQ_LEN = 32
+VOCAB = 300
+"""Not a multiple of 128: the runtime pads it (384 rows at tp1, 512 at tp2), so the padding rows are tested."""
+_LLAMA_SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128)
+
+
+def family_config(family: str):
+    """A tiny config of each family with what makes it differ: Llama 3.1's RoPE scaling (its original
+    context 16 < 32 rescales most frequencies), Mistral's window (and an odd MLP width), Qwen2's q/k/v biases and tied embedding,
+    Qwen3's q/k norms and head_dim 24 != 64 / 4, GPT-2's Conv1D, fused c_attn, tanh GELU and a position
+    table longer than the training sequence. Dropout 0 everywhere (the comparison is of the functions)."""
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    if family == "llama":
+        return LlamaConfig(**_LLAMA_SIZES, rope_theta=500000.0, rms_norm_eps=1e-5,
+                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    if family == "mistral":  # an odd MLP width: FSDP2's shards of gate / up are uneven (49 + 48 rows)
+        return MistralConfig(**(_LLAMA_SIZES | {"intermediate_size": 97}), sliding_window=64)
+    if family == "qwen2":
+        return Qwen2Config(**_LLAMA_SIZES, tie_word_embeddings=True)
+    if family == "qwen3":
+        return Qwen3Config(**_LLAMA_SIZES, head_dim=24)
+    if family == "gpt2":
+        return GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0,
+                          embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    raise ValueError(family)
+
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+
+
+def random_hf_model(family: str, seed: int = 0):
+    """The family's tiny model in fp32 with every parameter random (biases and norm weights too, so a
+    wrong mapping of any of them shows in the logits)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(family_config(family), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            is_norm = ("norm" in name or ".ln_" in name) and name.endswith("weight")
+            p.normal_(1.0 if is_norm else 0.0, 0.05)
+    return model.eval()
+
+
+def save_hf_folder(model, folder: Path, sharded: bool = False) -> Path:
+    """``save_pretrained`` as safetensors; ``sharded``: 100 KB shards and an index (several files)."""
+    model.save_pretrained(folder, safe_serialization=True, **({"max_shard_size": "100KB"} if sharded else {}))
+    return folder
+
+
+@contextlib.contextmanager
+def world_of_one():
+    """A gloo process group of one rank in this process (what a 1-device plan runs on)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|: the difference relative to the tensor's scale."""
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def hf_training_losses(model, plan, steps: int) -> list[float]:
+    """``transformers``' model trained with plain PyTorch on the runtime's global batches, with the plan's
+    AdamW, LR schedule and clipping (as tests/runtime/rt_helpers.py serial_run): the serial reference a
+    run started from its folder must reproduce."""
+    from runtime.train.data import TokenSource
+    from runtime.train.optim import lr_at
+
+    t = plan.training
+    model.train()
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=t.adam_betas, eps=t.adam_eps)
+    data = TokenSource(plan.model.vocab_size, t.seq_len, t.seed)
+    losses = []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, t)
+        x, y = data.global_batch(step, t.global_batch_size)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = torch.stack([g.double().square().sum() for g in grads]).sum().sqrt().float()
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, t.grad_clip, norm)
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
