@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                  "--dp", "1", "--schedule", "1f1b", "-o", str(plan))
         autoplan("run", str(plan), "--init-from", str(start), "--data", str(train), "--steps", str(args.steps),
                  "--lr", "3e-3", "--warmup-steps", "2", "--checkpoint-dir", str(ckpt),
-                 "--checkpoint-every", str(args.steps), "--log-every", "0")
+                 "--checkpoint-every", str(args.steps))
         autoplan("export-hf", str(ckpt), str(out))
         evaluate = ["--data", str(held_out), "--sequences", str(args.sequences), "--json"]
         from_checkpoint = json.loads(autoplan("eval", str(plan), "--checkpoint-dir", str(ckpt), *evaluate)

@@ -28,6 +28,7 @@ from runtime.train.metrics_resume import trim_after
 from runtime.train.metrics import MetricsLog
 from runtime.train.optim import clip_grad_norm, lr_at, set_lr
 from runtime.train.phase_clock import PhaseClock
+from runtime.train.progress import StepLine
 from runtime.train.profiling import StepTracer, instrument, region
 from runtime.train.speed_probe import probe_between_steps
 from runtime.train.trace_phases import BACKWARD, FORWARD
@@ -230,6 +231,7 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
                                    flag="--eval-data", option="--eval-sequences")
         validation = (Evaluator(plan, trainer.pm, parts), windows)
     losses = []
+    line = StepLine()  # in place on a terminal, plain lines when piped (train/progress.py)
     for step in range(start, opts.steps):
         with tracer.step(step) if tracer else contextlib.nullcontext(), trainer._phase(f"step {step + 1}"):
             r = trainer.step(step)
@@ -249,11 +251,11 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
         if board is not None:
             board.record(row)
         if rank0 and opts.log_every and (step + 1) % opts.log_every == 0:
-            print(f"step {row['step']:>5}/{opts.steps}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
-                  f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB  "
-                  f"ETA {_eta(log.rows, opts.steps - step - 1)}", flush=True)
+            line.step(f"step {row['step']:>5}/{opts.steps}  loss {r.loss:.4f}  {r.step_time_s * 1e3:8.1f} ms  "
+                      f"{row['tokens_per_s']:>10} tok/s  peak {row['peak_memory_gib']:.3f} GiB  "
+                      f"ETA {_eta(log.rows, opts.steps - step - 1)}")
         if rank0 and eval_loss is not None:
-            print(f"eval step {step + 1}  loss {eval_loss:.4f}", flush=True)
+            line.keep(f"eval step {step + 1}  loss {eval_loss:.4f}")
         if opts.checkpoint_dir and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0:
             guard.check_weights(parts.parameters(), step + 1, saved, trainer.pm.device)
             saved = checkpoint.save(opts.checkpoint_dir, step + 1, parts.models, parts.optimizer, plan.model, plan)
@@ -267,5 +269,5 @@ def run(trainer: Trainer, opts: RunOptions) -> list[float]:
     if board is not None:
         board.close()
     if rank0:
-        print(log.summary(), flush=True)
+        line.keep(log.summary())
     return losses
