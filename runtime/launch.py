@@ -84,9 +84,13 @@ def _exit_now(status: int) -> None:
 def _main(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from autoplan.schema import load_plan
+    from autoplan.schema.io import load_any_plan
+    from autoplan.schema.plan import ModulePlan
     from autoplan.schema.training import knobs_given, with_knobs
-    plan = load_plan(args.plan)  # SpecError on a missing file or a bad plan
+    plan = load_any_plan(args.plan)  # SpecError on a missing file or a bad plan
+    if isinstance(plan, ModulePlan):  # a user's own module (runtime/models/adapter.py)
+        from autoplan.schema.plan import refuse_module_run_options
+        refuse_module_run_options(args)
     knobs = knobs_given(args)
     if knobs:
         plan = dataclasses.replace(plan, training=with_knobs(plan.training, knobs))
@@ -126,18 +130,27 @@ def _main(args: argparse.Namespace) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device, backend = pick_device(args.backend, local_rank)
     check_plan(plan, world, device.type, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    data = TokenSource(plan.model.vocab_size, plan.training.seq_len, plan.training.seed, args.data)
+    module = isinstance(plan, ModulePlan)
+    data = None if module else TokenSource(plan.model.vocab_size, plan.training.seq_len, plan.training.seed, args.data)
+    if module:  # import the factory and check it against the plan on every rank, before any collective
+        from runtime.module_build import check_module
+        check_module(plan)
     if "RANK" not in os.environ:  # plain `python -m runtime.launch` on a 1-device plan: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29517"))
     lock = DirectoryLock(args.checkpoint_dir).acquire() if args.checkpoint_dir and os.environ["RANK"] == "0" else None
     quiet_schedule_logs()
     dist.init_process_group(backend, timeout=set_timeout(args.timeout))
-    pm = mesh_of_plan(plan, device)
-    init_from = None
-    if args.init_from is not None:
-        from runtime.hf.in_training import folder_to_read
-        init_from = folder_to_read(args.init_from, args.checkpoint_dir, args.resume)
-    trainer = Trainer(plan, pm, data, init_from=init_from)
+    if module:
+        from runtime.mesh import build_mesh
+        from runtime.module_trainer import ModuleTrainer
+        trainer = ModuleTrainer(plan, build_mesh(plan.dims, device, need_embedding_group=False))
+    else:
+        pm = mesh_of_plan(plan, device)
+        init_from = None
+        if args.init_from is not None:
+            from runtime.hf.in_training import folder_to_read
+            init_from = folder_to_read(args.init_from, args.checkpoint_dir, args.resume)
+        trainer = Trainer(plan, pm, data, init_from=init_from)
     run(trainer, RunOptions(args.steps, args.metrics, args.checkpoint_dir, args.checkpoint_every, args.resume,
                             args.log_every, args.trace, args.timeline, args.tensorboard, eval_data=args.eval_data,
                             eval_every=args.eval_every, eval_sequences=args.eval_sequences))

@@ -72,10 +72,7 @@ class Trainer:
         t0 = time.perf_counter()
         set_lr(parts.optimizer, lr_at(step, plan.training))
         parts.dropout.step = step
-        x, y = self.data.replica_batch(step, plan.training.global_batch_size, plan.dp, pm.dp_rank)
-        x, y = x.to(pm.device), y.to(pm.device)
-        if parts.positions is not None:  # context parallelism: this rank's tokens of every sequence
-            x, y = shard_sequence(x, parts.positions), shard_sequence(y, parts.positions)
+        x, y = self._batch(step)
         parts.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self._pipelined(x, y) if parts.schedule is not None else self._single_stage(x, y)
@@ -98,6 +95,15 @@ class Trainer:
         dist.all_gather(peaks, mine)  # every rank's peak, for metrics per rank
         per_rank = [int(b) for b in torch.cat(peaks).tolist()]  # one device-to-host copy
         return StepResult(loss, float(norm), elapsed, max(per_rank), per_rank, skipped=not took)
+
+    def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This replica's rows of step ``step``'s global batch, on the device (under CP: this rank's tokens)."""
+        plan, pm, parts = self.plan, self.pm, self.parts
+        x, y = self.data.replica_batch(step, plan.training.global_batch_size, plan.dp, pm.dp_rank)
+        x, y = x.to(pm.device), y.to(pm.device)
+        if parts.positions is not None:  # context parallelism: this rank's tokens of every sequence
+            x, y = shard_sequence(x, parts.positions), shard_sequence(y, parts.positions)
+        return x, y
 
     def _single_stage(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Gradient accumulation over the plan's micro-batches; when grads are reduced over dp is the ZeRO

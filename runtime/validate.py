@@ -5,16 +5,20 @@ from __future__ import annotations
 
 from autoplan.errors import SpecError
 from autoplan.schema import Plan, check_fits
+from autoplan.schema.plan import ModulePlan
 from autoplan.schema.training import require_runnable_precision
 
 
-def check_plan(plan: Plan, world_size: int, device_type: str, local_world_size: int) -> None:
+def check_plan(plan: Plan | ModulePlan, world_size: int, device_type: str, local_world_size: int) -> None:
     if plan.world_size != world_size:
         raise SpecError(f"tp * cp * pp * dp = {plan.tp} * {plan.cp} * {plan.pp} * {plan.dp} = {plan.world_size} but "
                         f"torchrun started "
                         f"{world_size} processes; launch with --nproc_per_node {plan.world_size} (or re-plan)")
     require_runnable_precision(plan.training)
-    check_fits(plan.layout(), plan.model, plan.training, None)
+    if isinstance(plan, ModulePlan):
+        plan.validate()  # a user's module: the layout against the module reference (schema/plan.py)
+    else:
+        check_fits(plan.layout(), plan.model, plan.training, None)
     if plan.training.seq_len < 1 or plan.micro_batch_size < 1:
         raise SpecError("training.seq_len / micro_batch_size: must be at least 1")
     if device_type == "cuda":

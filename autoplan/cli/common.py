@@ -86,6 +86,10 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
     for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", *counted_dimensions()):
         positive(name.replace("_", "-"), getattr(args, name, None))
     model = load_any_model(args.model)
+    reason = model.unpriced() if isinstance(model, ModelSpec) else None
+    if reason is not None:  # before any cost code: it would price every block as a dense one
+        raise SpecError(f"{args.model}: the model has {reason}, which plan and estimate cannot price: the cost "
+                        "model prices every block as a dense one, MoE layers and MLA not yet: issue 31")
     if args.make_vocab_size_divisible_by is not None:
         positive("make-vocab-size-divisible-by", args.make_vocab_size_divisible_by)
         if not isinstance(model, ModelSpec):

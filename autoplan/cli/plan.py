@@ -69,6 +69,46 @@ def _zero_bubble_gain(best, predicted, model, fn, cluster, training, pins) -> st
                          predicted_of(other, cluster, training)[1] if other else None)
 
 
+def module_ref(model):
+    """The plan's reference to a user's own module: a profile of ``package.module:factory`` (None for
+    anything else, e.g. a profile of another architecture's config.json)."""
+    from autoplan.schema.model import ModelSpec
+    from autoplan.schema.plan import ModuleRef
+
+    if isinstance(model, ModelSpec) or ":" not in model.source or model.source.endswith((".yaml", ".json")):
+        return None
+    return ModuleRef(factory=model.source, name=model.name, total_params=model.total_params,
+                     num_blocks=len(model.blocks))
+
+
+def refuse_for_module(args: argparse.Namespace) -> None:
+    """What a plan for a user's own module cannot pin (schema/plan.py MODULE_PLAN_REFUSALS), in one line."""
+    from autoplan.schema.plan import MODULE_PLAN_REFUSALS
+
+    if args.cp is not None and args.cp > 1:
+        raise SpecError(f"--cp: {MODULE_PLAN_REFUSALS['cp'].replace('use cp: 1', 'drop --cp')}")
+    if args.sequence_parallel:
+        raise SpecError("--sequence-parallel: " + MODULE_PLAN_REFUSALS["sequence_parallel"].replace(
+            "use sequence_parallel: false", "drop --sequence-parallel"))
+    if args.recompute == "selective":
+        raise SpecError("--recompute selective: " + MODULE_PLAN_REFUSALS["selective_recompute"].replace(
+            "use full_recompute for those blocks", "use --recompute full or none"))
+
+
+def module_plan_of(layout, module, cluster, training, predicted, info, stack):
+    """The winner as a plan for a user's own module. A profile prices selective recomputation at nothing
+    saved and nothing spent (cost/profile_ops.py: no attention core), so blocks the search marked selective
+    run without recomputation: the same plan by the cost model, and one the runtime can run."""
+    from autoplan.schema.plan import ModulePlan
+
+    stages = tuple(dataclasses.replace(s, selective_recompute=()) for s in layout.stages)
+    fields = {f.name: getattr(layout, f.name) for f in dataclasses.fields(layout)}
+    plan = ModulePlan(**{**fields, "stages": stages}, module=module, cluster=cluster, training=training,
+                      predicted=predicted, solver=info, stack=stack)
+    plan.validate()
+    return plan
+
+
 def run(args: argparse.Namespace) -> int:
     # imported here so that `autoplan --help` does not load the search (and OR-Tools behind it)
     from autoplan.cost.model_workload import workload_fn
@@ -88,10 +128,16 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, training = load_inputs(args)
     check_size(model, cluster, training)
     spec = runnable_spec(model)
-    if args.output and spec is None:
+    module = module_ref(model) if spec is None else None
+    if args.output and spec is None and module is None:
         raise SpecError(f"-o: a plan file embeds a model the runtime can build, and profile {model.name!r} "
-                        f"(of {model.source}) is not a shipped model or spec file; plan it without -o")
+                        f"(of {model.source}) is neither a shipped model, a spec file nor a package.module:factory; "
+                        "plan it without -o")
+    if module is not None and args.output:
+        refuse_for_module(args)
     pins = pins_of(args)
+    if module is not None and args.output:  # what the runtime cannot do for a user's module is not searched
+        pins = dataclasses.replace(pins, cp=1, sequence_parallel=False)
     allowed = tp_options(model, cluster)
     if pins.tp is not None and pins.tp not in allowed:
         raise SpecError(f"--tp: {pins.tp} must divide the devices per node ({cluster.devices_per_node}) and the "
@@ -131,6 +177,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         layout, predicted = ranked[0]
         data = {**to_dict(layout), "predicted": to_dict(predicted), "solver": to_dict(info)}
+        if module is not None and args.output:
+            from autoplan.schema.io import dump_module_plan
+
+            write_atomic(args.output, dump_module_plan(module_plan_of(layout, module, cluster, training, predicted,
+                                                                      info, result.best.workload.stack)))
     if args.json:
         data["model"], data["cluster"], data["stack"] = model.name, cluster.name, stack.name
         print(json.dumps(data))

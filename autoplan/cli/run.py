@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
         from autoplan.schema.training import require_runnable_precision
 
-        plan = load_plan(args.plan)
+        plan = load_plan(args.plan, "autoplan run --dry-run")
         require_runnable_precision(plan.training)
         return dry_run(args.plan, plan, args.rank, args.json)
     if args.rank or args.json:
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
               f"(this runtime), so its predicted step time and memory are not this run's; re-plan with --stack "
               f"{DEFAULT_STACK}, or hand it to its stack (autoplan export)", file=sys.stderr, flush=True)
     if args.slurm:
-        print(sbatch_script(launch, gpus=plan.cluster.device.kind == "gpu", job_name=f"autoplan-{plan.model.name}",
+        print(sbatch_script(launch, gpus=plan.cluster.device.kind == "gpu", job_name=f"autoplan-{_name(plan)}",
                             partition=args.partition, time=args.time, account=args.account,
                             env_setup=args.env_setup), end="")
         return 0
@@ -149,9 +149,14 @@ def run(args: argparse.Namespace) -> int:
         return found[0][1] if found else None
 
     status = run_attempts(make_cmd, worker_env(launch.nproc_per_node), args.max_restarts, newest_checkpoint)
-    if status == 0 and launch.nnodes == 1:  # rank 0 wrote the metrics here
+    if status == 0 and launch.nnodes == 1 and isinstance(plan, Plan):  # rank 0 wrote the metrics here
         _print_at_host_speed(plan, args.metrics)
     return status
+
+
+def _name(plan) -> str:
+    """The model's name, or a user's module's (a ``ModulePlan``)."""
+    return plan.module.name if hasattr(plan, "module") else plan.model.name
 
 
 def _print_at_host_speed(plan: Plan, metrics: str) -> None:

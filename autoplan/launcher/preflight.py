@@ -185,7 +185,7 @@ def shape(args: argparse.Namespace, plan: Plan, plan_path: str, runtime_args: tu
     """Nodes and processes per node for this machine's torchrun; NeedsMoreNodes when one node cannot do.
     ``module``: what the ranks run (``Launch.module``)."""
     world, c = plan.world_size, plan.cluster
-    rdzv_id = f"autoplan-{plan.model.name}"
+    rdzv_id = f"autoplan-{plan.module.name if hasattr(plan, 'module') else plan.model.name}"
     if args.nnodes is None and not args.slurm:
         if c.num_nodes > 1:
             launch = Launch(plan_path, c.devices_per_node, c.num_nodes, 0, args.rdzv_endpoint, rdzv_id, runtime_args,
@@ -245,11 +245,14 @@ def runtime_args(args: argparse.Namespace, data: str | None, knobs: dict | None 
 
 
 def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
-    from autoplan.schema import load_plan
+    from autoplan.schema.io import load_any_plan
+    from autoplan.schema.plan import ModulePlan
     from autoplan.schema.training import require_runnable_precision
 
-    plan = load_plan(args.plan)
+    plan = load_any_plan(args.plan)
     require_runnable_precision(plan.training)
+    if isinstance(plan, ModulePlan):
+        return module_preflight(args, plan)
     check_numbers(args)
     knobs = knobs_of(args, args.steps)
     with_knobs(plan.training, knobs)  # one line naming the flag
@@ -282,3 +285,21 @@ def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
     for line in notices:  # last: a refusal above stays one line
         print(f"autoplan run: note: {line}", file=sys.stderr, flush=True)
     return plan, launch
+
+
+def module_preflight(args: argparse.Namespace, plan) -> tuple:
+    """The checks for a plan of a user's own module (schema/plan.py ``ModulePlan``): the options it cannot
+    take refused in one line, the numbers and the metrics file, then the launch shape. No re-evaluation by
+    the cost model: the plan embeds the module's reference, not its profile (the ranks check the factory's
+    parameter count against it before the first collective)."""
+    from autoplan.schema.plan import refuse_module_run_options
+
+    refuse_module_run_options(args)
+    check_numbers(args)
+    knobs = knobs_of(args, args.steps)
+    with_knobs(plan.training, knobs)
+    if args.metrics == "":
+        raise SpecError("--metrics: empty; give a file name")
+    if args.metrics is not None and not args.slurm:
+        check_writable(args.metrics, "--metrics")
+    return plan, shape(args, plan, str(args.plan), runtime_args(args, None, knobs))

@@ -38,7 +38,14 @@ class Recheck:
 
 
 def recheck(plan: Plan) -> Recheck:
-    """Re-evaluate ``plan`` with this autoplan's cost model on the autoplan stack."""
+    """Re-evaluate ``plan`` with this autoplan's cost model on the autoplan stack. A plan for a user's own
+    module (``ModulePlan``) is not re-evaluated: it names the module's factory, not the profile the cost
+    model prices (``autoplan run`` checks the factory's counts on every rank instead)."""
+    from autoplan.schema.plan import ModulePlan
+
+    if isinstance(plan, ModulePlan):
+        raise SpecError(f"plan: {plan.module.name} is your own module, which the cost model cannot re-evaluate "
+                        "without its profile; plan the profile again (autoplan plan PROFILE) to see its figures")
     from autoplan.cost.model_workload import workload_fn
     from autoplan.report.simulated import simulate_plan
 

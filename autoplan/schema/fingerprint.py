@@ -18,7 +18,7 @@ import hashlib
 import json
 
 from autoplan.schema._io import to_dict
-from autoplan.schema.plan import Plan
+from autoplan.schema.plan import ModulePlan, Plan
 from autoplan.schema.training import KNOBS
 
 FINGERPRINT_KEY = "plan_fingerprint"
@@ -27,9 +27,11 @@ FINGERPRINT_CHARS = 16
 """Hex digits kept of the sha256: 64 bits, far from any chance collision among one user's runs."""
 
 
-def plan_fingerprint(plan: Plan) -> str:
-    """``FINGERPRINT_CHARS`` hex digits of the sha256 of the model, layout and training setup (JSON, sorted keys)."""
+def plan_fingerprint(plan: Plan | ModulePlan) -> str:
+    """``FINGERPRINT_CHARS`` hex digits of the sha256 of the model (a user's module: its reference, under
+    the key ``module``), layout and training setup (JSON, sorted keys)."""
     training = {k: v for k, v in to_dict(plan.training).items() if k not in KNOBS}  # lr, seed...: same cost
-    run = {"model": to_dict(plan.model), "layout": to_dict(plan.layout()), "training": training}
+    what = {"module": to_dict(plan.module)} if isinstance(plan, ModulePlan) else {"model": to_dict(plan.model)}
+    run = {**what, "layout": to_dict(plan.layout()), "training": training}
     text = json.dumps(run, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:FINGERPRINT_CHARS]

@@ -8,6 +8,20 @@ weights (tests/runtime/test_hf_families.py compares the logits); what it cannot 
 key that breaks it: biases on o or on the MLP, another activation, a RoPE scaling other than Llama 3.1's
 (``rope_type: llama3``), sliding-window layers in a Qwen model.
 
+Mixture-of-Experts families map onto ``architecture: llama`` with ``moe`` (schema/moe.py): ``mixtral``
+(Mistral's attention, every MLP 8 experts of ``intermediate_size``), ``qwen2_moe`` (Qwen2's attention,
+routed experts of ``moe_intermediate_size`` plus one sigmoid-gated shared expert of
+``shared_expert_intermediate_size``), ``qwen3_moe`` (Qwen3's attention, routed experts only) and
+``deepseek_v3`` (multi-head latent attention, ``mla``; ``first_k_dense_replace`` dense blocks, then routed
+experts with sigmoid scores and shared experts; ``num_nextn_predict_layers`` multi-token-prediction
+modules, ``mtp_layers``; YaRN RoPE kept on ``mla.rope_scaling``). Qwen's ``mlp_only_layers`` and
+``decoder_sparse_step`` must make the dense blocks one leading run (then every step-th block is MoE);
+another pattern is refused. DeepSeek's group-limited routing (``n_group``, ``topk_group``) changes which
+experts a token goes to, not the shapes or the cost: it is read (type-checked) and not kept. The numbers
+of experts are read under every name the config classes accept (``num_local_experts``, ``num_experts``,
+``n_routed_experts``: ``save_pretrained`` of transformers 5 writes Qwen3-MoE's as ``num_local_experts``).
+``gpt_oss``, ``deepseek_v2`` and other MoE families are refused by model_type.
+
 RoPE settings are read where either generation of ``transformers`` writes them: ``rope_theta`` and
 ``rope_scaling`` at the top level (4.x, the Hub's configs), or one ``rope_parameters`` object holding
 ``rope_theta`` and ``rope_type`` (5.x, ``save_pretrained``); as in ``transformers``, the object wins.
@@ -30,6 +44,7 @@ Torch-free (the planner reads configs without transformers or torch).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -41,8 +56,19 @@ from autoplan.errors import SpecError
 from autoplan.schema._files import decode_utf8, read_bytes
 from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB_SIZE, MAX_YAML_BYTES
 from autoplan.schema.model import ModelSpec, RopeScaling
+from autoplan.schema.moe import MLASpec, MoESpec, YarnRope
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+_ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
+"""The dense family whose attention (and sliding-window rule) each MoE family shares."""
+_UNMAPPED = {"gpt_oss": "it has attention sinks, biases on the router and experts, and alternating sliding-window "
+                        "layers",
+             "deepseek_v2": "its routing (greedy or group-limited softmax top-k) and MLA variant are not described",
+             "qwen3_next": "it mixes linear-attention (gated DeltaNet) and gated-attention layers",
+             "dbrx": "its attention and experts are fused differently", "jamba": "it mixes Mamba and attention layers",
+             "olmoe": "its q/k norms span all heads", "granitemoe": "its experts and scalings differ",
+             "phimoe": "its router (sparsemixer) differs", "jetmoe": "it has mixture-of-attention-heads"}
+"""MoE families a ModelSpec cannot express yet, and why."""
 GPT2_GELUS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 """Hugging Face's GELU names the runtime computes, and the ModelSpec ``activation`` each is: the exact erf
 form, or the tanh approximation GPT-2 uses (``gelu_new``)."""
@@ -52,7 +78,8 @@ form, or the tanh approximation GPT-2 uses (``gelu_new``)."""
 @dataclass(frozen=True)
 class _Field:
     kind: str
-    """"int" (a JSON integer), "float" (a finite JSON number), "bool", "str" or "object"."""
+    """"int" (a JSON integer), "float" (a finite JSON number), "bool", "str", "object" or "list" (a JSON
+    array; its items are checked where it is read)."""
     what: str
     """What the key means, for the message."""
     example: Any
@@ -107,6 +134,23 @@ _ABSENT: dict[str, dict[str, Any]] = {
               "sliding_window": None},
     "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
               "sliding_window": None},
+    "mixtral": {"num_key_value_heads": 8, "head_dim": None, "max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-5,
+                "sliding_window": None, "rope_theta": 1e6, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0},
+    "qwen2_moe": {"num_key_value_heads": 16, "head_dim": None, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                  "sliding_window": None, "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632, "norm_topk_prob": False, "router_aux_loss_coef": 0.001,
+                  "decoder_sparse_step": 1, "mlp_only_layers": None, "qkv_bias": True},
+    "qwen3_moe": {"num_key_value_heads": 4, "head_dim": None, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                  "sliding_window": None, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                  "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1,
+                  "mlp_only_layers": None},
+    "deepseek_v3": {"num_key_value_heads": 128, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+                    "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+                    "n_shared_experts": 1, "first_k_dense_replace": 3, "norm_topk_prob": True,
+                    "routed_scaling_factor": 2.5, "aux_loss_alpha": 0.0, "num_nextn_predict_layers": 1,
+                    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                    "v_head_dim": 128},
 }
 _REFUSED_FLAGS: dict[str, dict[str, str]] = {
     # keys whose true the runtime's model cannot compute, by family, and why
@@ -117,6 +161,60 @@ _REFUSED_FLAGS: dict[str, dict[str, str]] = {
     "qwen2": {"use_sliding_window": "the runtime's attention is full causal in every layer"},
     "qwen3": {"attention_bias": "it biases o_proj too, which the runtime's model has no bias on",
               "use_sliding_window": "the runtime's attention is full causal in every layer"},
+    "mixtral": {},
+    "qwen2_moe": {"use_sliding_window": "the runtime's attention is full causal in every layer"},
+    "qwen3_moe": {"attention_bias": "it biases o_proj too, which the runtime's model has no bias on",
+                  "use_sliding_window": "the runtime's attention is full causal in every layer"},
+    "deepseek_v3": {"attention_bias": "it biases q_a_proj, kv_a_proj_with_mqa and o_proj, which a ModelSpec's MLA "
+                                      "has no bias on"},
+}
+_EXPERTS = {"mixtral": ("num_local_experts", "num_experts"), "qwen2_moe": ("num_experts",),
+            "qwen3_moe": ("num_experts", "num_local_experts"), "deepseek_v3": ("n_routed_experts", "num_local_experts")}
+"""The keys each family's config class reads the number of routed experts from (the first is its own)."""
+_MOE: dict[str, _Field] = {
+    "num_local_experts": _count("the number of routed experts", 8, 2**16),
+    "num_experts": _count("the number of routed experts", 64, 2**16),
+    "n_routed_experts": _count("the number of routed experts", 256, 2**16),
+    "num_experts_per_tok": _count("the experts each token is routed to", 8, 2**16),
+    "moe_intermediate_size": _count("the width of one routed expert", 1408, 4 * MAX_HIDDEN_SIZE),
+    "shared_expert_intermediate_size": _count("the width of the shared expert", 5632, 4 * MAX_HIDDEN_SIZE),
+    "n_shared_experts": _Field("int", "the number of shared experts", 1, low=0, high=2**10),
+    "first_k_dense_replace": _Field("int", "the number of leading dense blocks", 3, low=0, high=MAX_LAYERS),
+    "decoder_sparse_step": _count("every how many blocks one is MoE", 1, 2**10),
+    "mlp_only_layers": _Field("list", "the indices of the dense blocks", [0, 1], nullable=True),
+    "norm_topk_prob": _Field("bool", "renormalising the chosen experts' weights", True),
+    "routed_scaling_factor": _Field("float", "the routed experts' output scale", 2.5, low=0.0, high=1e3,
+                                    low_open=True),
+    "router_aux_loss_coef": _Field("float", "the load-balancing loss weight", 0.001, **_PROBABILITY),
+    "aux_loss_alpha": _Field("float", "the load-balancing loss weight", 0.001, **_PROBABILITY),
+    "router_jitter_noise": _Field("float", "the router's input jitter in training", 0.0, **_PROBABILITY),
+    "qkv_bias": _Field("bool", "biases on q, k and v", True),
+    "scoring_func": _Field("str", "the router's scoring function", "sigmoid"),
+    "topk_method": _Field("str", "the expert choice rule", "noaux_tc"),
+    "moe_layer_freq": _count("every how many blocks past the dense ones one is MoE", 1, 2**10),
+    "n_group": _count("the expert groups of group-limited routing", 8, 2**16, nullable=True),
+    "topk_group": _count("the groups a token's experts come from", 4, 2**16, nullable=True),
+}
+_MLA: dict[str, _Field] = {
+    "kv_lora_rank": _count("the rank of the key/value latent", 512, 2**16),
+    "q_lora_rank": _count("the rank of the query latent; null means a full-rank q_proj", 1536, 2**16, nullable=True),
+    "qk_rope_head_dim": _count("the RoPE channels of a query/key head", 64, 2**16),
+    "qk_nope_head_dim": _count("the channels of a query/key head without RoPE", 128, 2**16),
+    "v_head_dim": _count("the channels of a value head", 128, 2**16),
+    "rope_interleave": _Field("bool", "the RoPE channel order (shapes do not depend on it)", True),
+    "num_nextn_predict_layers": _Field("int", "the multi-token-prediction modules", 1, low=0, high=16),
+    "num_mtp_layers": _Field("int", "the multi-token-prediction modules", 1, low=0, high=16),
+}
+_ROPE_YARN: dict[str, _Field] = {
+    "factor": _Field("float", "the context extension factor", 40.0, low=1.0, high=1e6),
+    "original_max_position_embeddings": _count("the pretraining context in tokens", 4096, MAX_SEQ_LEN),
+    "beta_fast": _Field("float", "YaRN's fast boundary", 32.0, low=0.0, high=1e6, low_open=True, nullable=True),
+    "beta_slow": _Field("float", "YaRN's slow boundary", 1.0, low=0.0, high=1e6, low_open=True, nullable=True),
+    "mscale": _Field("float", "YaRN's attention scale exponent", 1.0, low=0.0, high=1e3, nullable=True),
+    "mscale_all_dim": _Field("float", "YaRN's softmax scale exponent", 1.0, low=0.0, high=1e3, nullable=True),
+    "rope_theta": _Field("float", "the RoPE base", 10000.0, low=1.0, high=1e12, low_open=True),
+    "partial_rotary_factor": _Field("float", "the share of each head RoPE rotates", 1.0, low=0.0, high=1.0,
+                                    low_open=True),
 }
 _ROPE_LLAMA3: dict[str, _Field] = {
     "factor": _Field("float", "the divisor of the low frequencies", 8.0, low=1.0, high=1e6),
@@ -184,8 +282,16 @@ def spec_from_hf_config(path: str | os.PathLike, name: str | None = None) -> Mod
         name = (Path(os.path.abspath(p)).parent.name if p.name == "config.json" else p.stem)[:200] or "model"
     if kind in ("llama", "mistral", "qwen2", "qwen3"):
         spec = _llama(p, data, name)
+    elif kind in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        spec = _llama(p, data, name)
+        spec = dataclasses.replace(spec, moe=_moe(p, data, kind, spec.num_layers), head_dim=spec.head_dim)
+    elif kind == "deepseek_v3":
+        spec = _deepseek_v3(p, data, name)
     elif kind == "gpt2":
         spec = _gpt2(p, data, name)
+    elif isinstance(kind, str) and kind in _UNMAPPED:
+        raise SpecError(f"{p}: model_type {kind!r} has no ModelSpec mapping yet ({_UNMAPPED[kind]}); "
+                        "profile it with autoplan profile and plan the profile")
     else:
         shown = repr(kind) if isinstance(kind, str) and len(kind) <= 60 else _show(kind)
         raise SpecError(f"{p}: model_type {shown} has no ModelSpec mapping ({', '.join(FAMILIES)} have); "
@@ -253,6 +359,8 @@ def _check_value(p: Path, key: str, value: Any, f: _Field, required: bool) -> No
         raise SpecError(f"{where} is not a string ({f.what}); write {_show(f.example)}")
     if f.kind == "object" and not isinstance(value, dict):
         raise SpecError(f"{where} is not an object ({f.what}); write {{...}}{or_null}")
+    if f.kind == "list" and not isinstance(value, list):
+        raise SpecError(f"{where} is not a list ({f.what}); write {_show(f.example)}{or_null}")
     if f.kind in ("int", "float"):
         too_low = f.low is not None and (value <= f.low if f.low_open else value < f.low)
         too_high = f.high is not None and (value >= f.high if f.high_open else value > f.high)
@@ -347,8 +455,12 @@ def _divides(p: Path, key: str, value: int, other: str, total: int, why: str) ->
 
 # ------------------------------------------------------------------------------------------ mappings
 def _llama(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
-    """llama, mistral, qwen2 and qwen3: Hugging Face's LlamaForCausalLM family of decoders."""
+    """llama, mistral, qwen2 and qwen3: Hugging Face's LlamaForCausalLM family of decoders; mixtral,
+    qwen2_moe and qwen3_moe as the dense family whose attention they share (``_ATTENTION``), without moe."""
     family = data["model_type"]
+    attn = _ATTENTION.get(family, family)
+    if family == "qwen2_moe" and data.get("sliding_window") == 0 and data.get("use_sliding_window") is not True:
+        data = {**data, "sliding_window": None}  # what Qwen2MoeConfig writes for "no window" (its __post_init__)
     _check(p, data, family, _LLAMA, _LLAMA_REQUIRED)
     for key, why in _REFUSED_FLAGS[family].items():
         if data.get(key) is True:
@@ -357,7 +469,7 @@ def _llama(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
     absent = _ABSENT[family]
     get = lambda key: data.get(key, absent[key])  # noqa: E731
     heads, h = data["num_attention_heads"], data["hidden_size"]
-    if family == "qwen3" and "head_dim" in data and data["head_dim"] is None:
+    if attn == "qwen3" and "head_dim" in data and data["head_dim"] is None:
         raise SpecError(f"{p}: head_dim: null is not allowed (Qwen3Config needs the width of one head); "
                         f"write a value such as 128")
     head_dim = get("head_dim")
@@ -369,15 +481,16 @@ def _llama(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
     _divides(p, shown, kv_heads, "num_attention_heads", heads,
              "each key/value head serves an equal group of query heads")
     theta, scaling = _rope(p, data)
-    window = get("sliding_window") if family == "mistral" else None  # Qwen's applies only with use_sliding_window
-    seq = (None if family.startswith("qwen") else data.get("sliding_window")) or get("max_position_embeddings")
+    window = get("sliding_window") if attn == "mistral" else None  # Qwen's applies only with use_sliding_window
+    seq = (None if attn.startswith("qwen") else data.get("sliding_window")) or get("max_position_embeddings")
+    qkv_bias = attn == "qwen2" and (family != "qwen2_moe" or _moe_get(p, data, family, "qkv_bias"))
     return ModelSpec(
         name=name, architecture="llama", num_layers=data["num_hidden_layers"], hidden_size=h,
         ffn_hidden_size=data["intermediate_size"], num_attention_heads=heads, num_kv_heads=kv_heads,
         vocab_size=data["vocab_size"], seq_len=min(seq, window) if window else seq,
         tie_embeddings=bool(data.get("tie_word_embeddings", False)), dropout=float(data.get("attention_dropout", 0.0)),
         rope_theta=theta, norm_eps=float(get("rms_norm_eps")), head_dim=head_dim,
-        qkv_bias=family == "qwen2", qk_norm=family == "qwen3", rope_scaling=scaling, sliding_window=window)
+        qkv_bias=qkv_bias, qk_norm=attn == "qwen3", rope_scaling=scaling, sliding_window=window)
 
 
 def _rope(p: Path, data: dict[str, Any]) -> tuple[float, RopeScaling | None]:
@@ -394,7 +507,8 @@ def _rope(p: Path, data: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise SpecError(f"{p}: {key}.partial_rotary_factor: {_show(params['partial_rotary_factor'])} is not "
                         "supported (the runtime's RoPE rotates the whole head); write 1.0")
-    theta = float(params.get("rope_theta", data.get("rope_theta", 10000.0)))
+    theta = float(params.get("rope_theta",
+                             data.get("rope_theta", _ABSENT[data["model_type"]].get("rope_theta", 10000.0))))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
         return theta, None
@@ -435,3 +549,157 @@ def _gpt2(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
         seq_len=positions, tie_embeddings=bool(data.get("tie_word_embeddings", True)),
         dropout=dropout, norm_eps=float(data.get("layer_norm_epsilon", 1e-5)), max_positions=positions,
         activation=None if GPT2_GELUS[act] == "gelu" else GPT2_GELUS[act])
+
+
+# ------------------------------------------------------------------------------- Mixture of Experts
+def _moe_get(p: Path, data: dict[str, Any], family: str, key: str) -> Any:
+    """``key`` of an MoE family's config, checked (``_MOE``, ``_MLA``), or its config class's default."""
+    fields = _MOE if key in _MOE else _MLA
+    if key in data:
+        _check_value(p, key, data[key], fields[key], False)
+        return data[key]
+    return _ABSENT[family][key]
+
+
+def _experts(p: Path, data: dict[str, Any], family: str) -> int:
+    """The number of routed experts, under whichever of the class's names the file uses (one value)."""
+    given = [k for k in _EXPERTS[family] if k in data]
+    for key in given:
+        _check_value(p, key, data[key], _MOE[key], False)
+    if len(given) > 1 and data[given[0]] != data[given[1]]:
+        raise SpecError(f"{p}: {given[1]}: {_show(data[given[1]])} differs from {given[0]}="
+                        f"{_show(data[given[0]])} (both name the number of routed experts); keep one")
+    return data[given[0]] if given else _ABSENT[family][_EXPERTS[family][0]]
+
+
+def _leading_dense(p: Path, data: dict[str, Any], family: str, num_layers: int) -> tuple[int, int]:
+    """(first_dense_layers, layer_frequency) giving exactly the MoE blocks of Qwen's rule (block i is MoE
+    when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0), or a one-line refusal."""
+    step = _moe_get(p, data, family, "decoder_sparse_step")
+    dense = _moe_get(p, data, family, "mlp_only_layers") or []
+    for i, item in enumerate(dense):
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise SpecError(f"{p}: mlp_only_layers[{i}]: {_show(item)} is not a block index (a whole number from 0)")
+    dense = set(dense)
+    moe_blocks = [i for i in range(num_layers) if i not in dense and (i + 1) % step == 0]
+    if not moe_blocks:
+        key = "mlp_only_layers" if dense else "decoder_sparse_step"
+        raise SpecError(f"{p}: {key}: {_show(data.get(key))} leaves no MoE block in {num_layers} layers; "
+                        "map a dense model with its dense model_type")
+    first = moe_blocks[0] - step + 1
+    spec = MoESpec(1, 1, 1, first_dense_layers=first, layer_frequency=step)
+    if [i for i in range(num_layers) if spec.is_moe_layer(i)] != moe_blocks:
+        key = "mlp_only_layers" if dense else "decoder_sparse_step"
+        raise SpecError(f"{p}: {key}: {_show(data.get(key))} makes dense blocks other than one leading run "
+                        f"(then every {step}-th block MoE), which a ModelSpec cannot express; write the leading "
+                        "dense blocks as mlp_only_layers [0, 1, ..., k - 1]")
+    return first, step
+
+
+def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec:
+    """The routed feed-forward layers of a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config."""
+    get = lambda key: _moe_get(p, data, family, key)  # noqa: E731
+    experts, top_k = _experts(p, data, family), get("num_experts_per_tok")
+    if top_k > experts:
+        raise SpecError(f"{p}: num_experts_per_tok: {top_k} is more than the {experts} routed experts")
+    if family == "mixtral":
+        if get("router_jitter_noise") != 0:
+            raise SpecError(f"{p}: router_jitter_noise: {_show(data['router_jitter_noise'])} is not supported (a "
+                            "ModelSpec's router has no input jitter); write 0.0")
+        return MoESpec(experts, top_k, data["intermediate_size"], normalize_top_k=True,
+                       aux_loss_coefficient=float(get("router_aux_loss_coef")))
+    if family == "deepseek_v3":
+        for key, allowed in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("moe_layer_freq", 1)):
+            if key in data:
+                _check_value(p, key, data[key], _MOE[key], False)
+                _require(p, data, key, allowed)
+        for key in ("n_group", "topk_group"):  # group-limited routing: which experts, not shapes or cost
+            if key in data:
+                _check_value(p, key, data[key], _MOE[key], False)
+        first = get("first_k_dense_replace")
+        if first >= num_layers:
+            raise SpecError(f"{p}: first_k_dense_replace: {first} leaves no MoE block in {num_layers} layers")
+        return MoESpec(experts, top_k, get("moe_intermediate_size"), num_shared_experts=get("n_shared_experts"),
+                       first_dense_layers=first, router="sigmoid", normalize_top_k=get("norm_topk_prob"),
+                       routed_scaling_factor=float(get("routed_scaling_factor")),
+                       aux_loss_coefficient=float(get("aux_loss_alpha")))
+    first, step = _leading_dense(p, data, family, num_layers)
+    shared = dict(num_shared_experts=1, shared_expert_ffn_size=get("shared_expert_intermediate_size"),
+                  shared_expert_gate=True) if family == "qwen2_moe" else {}
+    return MoESpec(experts, top_k, get("moe_intermediate_size"), first_dense_layers=first, layer_frequency=step,
+                   normalize_top_k=get("norm_topk_prob"), aux_loss_coefficient=float(get("router_aux_loss_coef")),
+                   **shared)
+
+
+def _deepseek_v3(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
+    """DeepSeek-V3: multi-head latent attention, leading dense blocks, sigmoid-routed and shared experts,
+    multi-token-prediction modules. ``head_dim`` and ``qk_head_dim`` in the file are derived by the config
+    class (qk_rope_head_dim and qk_nope + qk_rope) and not read."""
+    family = "deepseek_v3"
+    _check(p, data, family, {k: f for k, f in _LLAMA.items() if k not in ("head_dim", "sliding_window")},
+           _LLAMA_REQUIRED)
+    if data.get("attention_bias") is True:
+        raise SpecError(f"{p}: attention_bias: true is not supported ({_REFUSED_FLAGS[family]['attention_bias']}); "
+                        "write false")
+    _require(p, data, "hidden_act", "silu")
+    get = lambda key: _moe_get(p, data, family, key) if key in _MOE or key in _MLA else \
+        data.get(key, _ABSENT[family][key])  # noqa: E731
+    heads = data["num_attention_heads"]
+    kv_heads = get("num_key_value_heads") or heads
+    if kv_heads != heads:
+        shown = "num_key_value_heads" + ("" if "num_key_value_heads" in data else f" (absent: {family}'s default)")
+        raise SpecError(f"{p}: {shown}: {kv_heads} is not num_attention_heads={heads}; multi-head latent attention "
+                        "gives every head its own key and value: write null or the number of heads")
+    for key in ("rope_interleave", "num_mtp_layers"):
+        if key in data:
+            _check_value(p, key, data[key], _MLA[key], False)
+    if "num_mtp_layers" in data and "num_nextn_predict_layers" in data \
+            and data["num_mtp_layers"] != data["num_nextn_predict_layers"]:
+        raise SpecError(f"{p}: num_mtp_layers: {_show(data['num_mtp_layers'])} differs from num_nextn_predict_layers="
+                        f"{_show(data['num_nextn_predict_layers'])} (both name the MTP modules); keep one")
+    mtp = data["num_mtp_layers"] if "num_mtp_layers" in data and "num_nextn_predict_layers" not in data \
+        else get("num_nextn_predict_layers")
+    theta, yarn = _rope_mla(p, data)
+    mla = MLASpec(kv_lora_rank=get("kv_lora_rank"), qk_nope_head_dim=get("qk_nope_head_dim"),
+                  qk_rope_head_dim=get("qk_rope_head_dim"), v_head_dim=get("v_head_dim"),
+                  q_lora_rank=get("q_lora_rank"), rope_scaling=yarn)
+    layers = data["num_hidden_layers"]
+    return ModelSpec(
+        name=name, architecture="llama", num_layers=layers, hidden_size=data["hidden_size"],
+        ffn_hidden_size=data["intermediate_size"], num_attention_heads=heads, num_kv_heads=heads,
+        vocab_size=data["vocab_size"], seq_len=get("max_position_embeddings"),
+        tie_embeddings=bool(data.get("tie_word_embeddings", False)), dropout=float(data.get("attention_dropout", 0.0)),
+        rope_theta=theta, norm_eps=float(get("rms_norm_eps")), moe=_moe(p, data, family, layers), mla=mla,
+        mtp_layers=mtp)
+
+
+def _rope_mla(p: Path, data: dict[str, Any]) -> tuple[float, YarnRope | None]:
+    """(rope_theta, YaRN or None) of a deepseek_v3 config, read as ``_rope`` reads a llama's."""
+    key = "rope_scaling" if data.get("rope_scaling") else "rope_parameters"
+    params = data.get(key) or {}
+    _check(p, {f"{key}.{k}": v for k, v in params.items()}, data["model_type"],
+           {f"{key}.{k}": f for k, f in _ROPE_YARN.items()})
+    if any(isinstance(v, dict) for v in params.values()):
+        raise SpecError(f"{p}: {key}: RoPE parameters per layer type are not supported; give one flat object")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise SpecError(f"{p}: {key}.partial_rotary_factor: {_show(params['partial_rotary_factor'])} is not "
+                        "supported (MLA rotates all qk_rope_head_dim channels); write 1.0")
+    theta = float(params.get("rope_theta", data.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "yarn":
+        raise SpecError(f"{p}: {key}.rope_type: {_show(rope_type)} is not supported for multi-head latent attention "
+                        "(a ModelSpec holds DeepSeek-V3's \"yarn\" or none); write null for plain RoPE")
+    for extra in ("attention_factor", "truncate"):
+        if params.get(extra) is not None:
+            raise SpecError(f"{p}: {key}.{extra}: {_show(params[extra])} is not supported (a ModelSpec's YaRN "
+                            "derives it as DeepSeek-V3 does); delete the key")
+    if "factor" not in params:
+        raise SpecError(f"{p}: {key}.factor: missing; yarn scaling needs it, e.g. \"factor\": 40.0")
+    original = params.get("original_max_position_embeddings") or data.get(
+        "max_position_embeddings", _ABSENT["deepseek_v3"]["max_position_embeddings"])
+    mscales = {k: None if params.get(k) is None else float(params[k]) for k in ("mscale", "mscale_all_dim")}
+    return theta, YarnRope(factor=float(params["factor"]), original_max_position_embeddings=original,
+                           beta_fast=float(params.get("beta_fast") or 32.0),
+                           beta_slow=float(params.get("beta_slow") or 1.0), **mscales)

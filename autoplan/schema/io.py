@@ -11,7 +11,7 @@ from autoplan.schema._io import dump_yaml, from_dict, load_yaml, read_yaml, to_d
 from autoplan.schema.cluster import Cluster
 from autoplan.schema.hardware import DeviceProfile
 from autoplan.schema.model import ModelSpec
-from autoplan.schema.plan import PLAN_KEY_ORDER, Plan
+from autoplan.schema.plan import MODULE_PLAN_KEY_ORDER, PLAN_KEY_ORDER, ModulePlan, Plan, is_module_plan, module_plan_refusal
 from autoplan.schema.stack import StackProfile
 from profiles import PROFILES_DIR
 
@@ -76,10 +76,34 @@ def dump_plan(plan: Plan) -> str:
     return dump_yaml(plan_to_dict(plan), header)
 
 
-def load_plan(path: str | os.PathLike) -> Plan:
-    return load_yaml(Plan, path)
+def load_plan(path: str | os.PathLike, command: str = "this command") -> Plan:
+    """A plan of a model the runtime builds; a plan for a user's own module is refused in one line."""
+    data = read_yaml(path)
+    if is_module_plan(data):
+        raise SpecError(module_plan_refusal(path, command))
+    try:
+        return from_dict(Plan, data)
+    except SpecError as err:
+        raise SpecError(f"{path}: {err}") from None
 
 
-__all__ = ["dump_plan", "dump_yaml", "load_cluster", "load_device", "load_model", "load_plan", "load_stack",
+def load_any_plan(path: str | os.PathLike) -> Plan | ModulePlan:
+    """A ``Plan`` or, for a user's own module, a ``ModulePlan`` (what ``autoplan run`` accepts)."""
+    data = read_yaml(path)
+    try:
+        return from_dict(ModulePlan if is_module_plan(data) else Plan, data)
+    except SpecError as err:
+        raise SpecError(f"{path}: {err}") from None
+
+
+def dump_module_plan(plan: ModulePlan) -> str:
+    data = to_dict(plan)
+    header = (f"# autoplan plan for your module {plan.module.name} ({plan.module.factory}) on {plan.cluster.name} "
+              f"({plan.cluster.num_nodes} x {plan.cluster.devices_per_node} {plan.cluster.device.name})\n"
+              "# Run it with: autoplan run <this file>   (the factory's module must be importable there)\n")
+    return dump_yaml({key: data[key] for key in MODULE_PLAN_KEY_ORDER}, header)
+
+
+__all__ = ["dump_module_plan", "dump_plan", "load_any_plan", "dump_yaml", "load_cluster", "load_device", "load_model", "load_plan", "load_stack",
            "plan_to_dict",
            "resolve", "shipped_names"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autoplan.errors import SpecError
 from autoplan.schema._io import require, require_range
 from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_PARAMS, MAX_SEQ_LEN, MAX_VOCAB_SIZE
+from autoplan.schema.moe import MLASpec, MoESpec
 
 Architecture = Literal["gpt", "llama"]
 MEGATRON_VOCAB_DIVISOR = 128
@@ -55,7 +57,9 @@ class ModelSpec:
     ``gpt``: LayerNorm, GELU MLP (two matrices), learned positions, biases, tied embedding by default.
     ``llama``: RMSNorm, SwiGLU MLP (three matrices), rotary positions, no biases, untied by default;
     optionally biases on q, k, v (Qwen2), per-head RMSNorm on q and k (Qwen3), a head width other than
-    hidden_size / heads (Qwen3) and Llama 3.1's RoPE scaling.
+    hidden_size / heads (Qwen3) and Llama 3.1's RoPE scaling; Mixture-of-Experts feed-forward layers
+    (``moe``: Mixtral, Qwen-MoE, DeepSeek-V3), DeepSeek's multi-head latent attention (``mla``) and its
+    multi-token-prediction modules (``mtp_layers``), which the cost model does not price yet (``unpriced``).
 
     Every field added after the first release has a default meaning "as before" and is left out of the
     YAML/JSON written for a spec while it holds that default (``defaults_omitted``), so the plan files,
@@ -103,6 +107,20 @@ class ModelSpec:
     sliding_window: int | None = None
     """Mistral's attention window in tokens (llama only). The runtime's attention is full causal, which is
     the windowed attention exactly while the training sequence fits the window; a longer one is refused."""
+    moe: MoESpec | None = None
+    """Mixture-of-Experts feed-forward layers (llama only): the blocks ``moe.is_moe_layer`` names have a
+    router and experts instead of the dense SwiGLU MLP of ``ffn_hidden_size`` (which the other blocks keep,
+    e.g. DeepSeek-V3's first three); None: every block is dense."""
+    mla: MLASpec | None = None
+    """DeepSeek's multi-head latent attention (llama only): low-rank q and kv projections instead of q, k, v
+    (``MLASpec.params``); head_dim is then the query/key head width qk_nope_head_dim + qk_rope_head_dim,
+    and num_kv_heads equals num_attention_heads (each head gets its own key and value from the latent)."""
+    mtp_layers: int = 0
+    """DeepSeek-V3's multi-token-prediction modules (llama only; ``num_nextn_predict_layers``), trained to
+    predict one more token ahead each: a block as block ``num_layers + i`` would be (MoE or dense), RMSNorms
+    on the hidden state and on the next token's embedding (hnorm, enorm), a projection of their
+    concatenation [h, 2h] (eh_proj) and a final RMSNorm, sharing the model's embedding and output head.
+    Counted in ``total_params`` (``mtp_params``); inference may drop them."""
 
     def __post_init__(self) -> None:
         if self.tie_embeddings is None:
@@ -111,7 +129,11 @@ class ModelSpec:
             object.__setattr__(self, "head_dim", self._derived_head_dim())
 
     def _derived_head_dim(self) -> int | None:
-        """hidden_size / num_attention_heads where that is a whole positive number (else validate refuses)."""
+        """hidden_size / num_attention_heads where that is a whole positive number (else validate refuses);
+        with MLA, the query/key head width (qk_nope_head_dim + qk_rope_head_dim)."""
+        if isinstance(self.mla, MLASpec) and isinstance(self.mla.qk_nope_head_dim, int) \
+                and isinstance(self.mla.qk_rope_head_dim, int):
+            return self.mla.qk_head_dim
         h, heads = self.hidden_size, self.num_attention_heads
         ok = isinstance(h, int) and isinstance(heads, int) and heads > 0 and h > 0 and h % heads == 0
         return h // heads if ok else None
@@ -120,7 +142,8 @@ class ModelSpec:
         """The fields ``to_dict`` leaves out while they hold these values, the ones they take when not given
         (head_dim's depends on the spec), so that a model without the newer features serialises as before."""
         return {"head_dim": self._derived_head_dim(), "qkv_bias": False, "qk_norm": False, "rope_scaling": None,
-                "max_positions": None, "activation": None, "sliding_window": None}
+                "max_positions": None, "activation": None, "sliding_window": None, "moe": None, "mla": None,
+                "mtp_layers": 0}
 
     def validate(self) -> None:
         require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
@@ -155,10 +178,12 @@ class ModelSpec:
             require(self.q_size == self.hidden_size, "head_dim",
                     f"{self.head_dim} x {self.num_attention_heads} heads is not hidden_size={self.hidden_size}; gpt "
                     "splits hidden_size into its heads: remove head_dim")
-            for field in ("qkv_bias", "qk_norm", "rope_scaling", "sliding_window"):
+            for field in ("qkv_bias", "qk_norm", "rope_scaling", "sliding_window", "moe", "mla"):
                 require(getattr(self, field) in (False, None), field,
                         "is a llama feature (gpt has biases everywhere, learned positions, full attention); "
                         "remove it or use architecture: llama")
+            require(self.mtp_layers == 0, "mtp_layers", "is a llama feature (DeepSeek-V3's); remove it or use "
+                    "architecture: llama")
         else:
             require(self.max_positions is None, "max_positions",
                     "is the rows of gpt's learned position table; llama has rotary positions: remove it")
@@ -167,11 +192,50 @@ class ModelSpec:
                 self.rope_scaling.validate()
             except ValueError as err:
                 raise type(err)(f"rope_scaling.{err}") from None
+        require_range(self, "mtp_layers", 0, 16)
+        self._validate_moe_mla()
         for field in ("max_positions", "sliding_window"):
             require_range(self, field, 1, MAX_SEQ_LEN)
             limit = getattr(self, field)
             require(limit is None or self.seq_len <= limit, "seq_len",
                     f"{self.seq_len} exceeds {field}={limit}; use a seq_len of at most {limit}")
+
+    def _validate_moe_mla(self) -> None:
+        for field in ("moe", "mla"):
+            part = getattr(self, field)
+            if part is None:
+                continue
+            try:
+                part.validate()
+            except ValueError as err:
+                raise type(err)(f"{field}.{err}") from None
+        if self.moe is not None:
+            require(self.moe.num_moe_layers(self.num_layers) > 0, "moe.first_dense_layers",
+                    f"{self.moe.first_dense_layers} (layer_frequency {self.moe.layer_frequency}) leaves no MoE block "
+                    f"in num_layers={self.num_layers}; remove moe for a dense model")
+        if self.mla is not None:
+            require(self.head_dim == self.mla.qk_head_dim, "head_dim",
+                    f"{self.head_dim} is not the MLA query/key head width qk_nope_head_dim + qk_rope_head_dim = "
+                    f"{self.mla.qk_head_dim}: remove head_dim")
+            require(self.num_kv_heads == self.num_attention_heads, "num_kv_heads",
+                    f"{self.num_kv_heads}: multi-head latent attention gives every head its own key and value; "
+                    f"set it to num_attention_heads={self.num_attention_heads}")
+            for field in ("qkv_bias", "qk_norm"):
+                require(not getattr(self, field), field, "does not apply to multi-head latent attention "
+                        "(its q and kv projections are low-rank, with RMSNorms on the latents): remove it")
+
+    def unpriced(self) -> str | None:
+        """What of this model the cost model does not price yet (issue 31), as a phrase; None if nothing.
+        ``plan`` and ``estimate`` refuse such a model (cli/common.py ``load_inputs``) and ``layer_params``
+        raises for it, so that no path prices an MoE or MLA model as the dense one it is not."""
+        parts = []
+        if self.moe is not None:
+            parts.append(f"MoE layers ({self.moe.num_experts} experts, top {self.moe.experts_per_token})")
+        if self.mla is not None:
+            parts.append("multi-head latent attention")
+        if self.mtp_layers:
+            parts.append(f"{self.mtp_layers} multi-token-prediction module{'s' * (self.mtp_layers > 1)}")
+        return (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]) if parts else None
 
     def padded_vocab_size(self, tp: int = 1) -> int:
         """Rows of the embedding and the output projection at TP size ``tp`` (Megatron-LM's
@@ -206,15 +270,65 @@ class ModelSpec:
         return self.max_positions or seq_len or self.seq_len
 
     def layer_params(self) -> int:
-        """Parameters of one transformer block, biases and norm weights included."""
-        h, f, q, kv = self.hidden_size, self.ffn_hidden_size, self.q_size, self.kv_size
+        """Parameters of one transformer block, biases and norm weights included: the block every layer is,
+        which the cost model multiplies by the layers of a stage. Raises for a model whose blocks differ
+        (MoE and dense ones) or whose attention the cost model does not price (``unpriced``): count those
+        with ``block_params``, ``total_params`` and ``active_params``."""
+        reason = self.unpriced()
+        if reason is not None:
+            raise SpecError(f"{self.name}: layer_params: the model has {reason}, whose blocks are not one dense "
+                            "block: the cost model prices MoE layers and MLA not yet: issue 31 (count with "
+                            "block_params, total_params, active_params)")
+        return self._dense_block_params()
+
+    def attention_params(self) -> int:
+        """The attention of one block: q, k, v, o (with their biases and q/k norms), or MLA's projections."""
+        h, q, kv = self.hidden_size, self.q_size, self.kv_size
+        if self.mla is not None:
+            return self.mla.params(h, self.num_attention_heads)
         attn = h * q + 2 * h * kv + q * h  # q, k, v, o
-        mlp = self.mlp_matrices * h * f
         if self.architecture == "gpt":
-            return attn + mlp + (q + 2 * kv + h) + (f + h) + 4 * h  # biases; two LayerNorms with bias
+            return attn + q + 2 * kv + h
         biases = (q + 2 * kv) if self.qkv_bias else 0
         qk_norms = 2 * self.head_dim if self.qk_norm else 0
-        return attn + mlp + 2 * h + biases + qk_norms  # two RMSNorm weights
+        return attn + biases + qk_norms
+
+    def _dense_block_params(self) -> int:
+        h, f = self.hidden_size, self.ffn_hidden_size
+        mlp = self.mlp_matrices * h * f
+        if self.architecture == "gpt":
+            return self.attention_params() + mlp + (f + h) + 4 * h  # MLP biases; two LayerNorms with bias
+        return self.attention_params() + mlp + 2 * h  # two RMSNorm weights
+
+    def is_moe_block(self, layer: int) -> bool:
+        """Block ``layer`` (0-based; ``num_layers + i`` is multi-token-prediction module i's) is an MoE block."""
+        return self.moe is not None and self.moe.is_moe_layer(layer)
+
+    def block_params(self, layer: int, active: bool = False) -> int:
+        """Parameters of block ``layer``: dense, or attention, router, experts and shared experts, and two
+        RMSNorms; ``active``: only those one token uses (its top-k experts of the routed ones)."""
+        if not self.is_moe_block(layer):
+            return self._dense_block_params()
+        h = self.hidden_size
+        mlp = self.moe.active_mlp_params(h) if active else self.moe.layer_mlp_params(h)
+        return self.attention_params() + mlp + 2 * h
+
+    def _blocks_params(self, active: bool) -> int:
+        """Every block's parameters: the dense blocks alike, the MoE blocks alike."""
+        n_moe = self.moe.num_moe_layers(self.num_layers) if self.moe is not None else 0
+        total = (self.num_layers - n_moe) * self._dense_block_params()
+        if n_moe:
+            first = next(i for i in range(self.num_layers) if self.is_moe_block(i))
+            total += n_moe * self.block_params(first, active)
+        return total
+
+    def mtp_params(self, active: bool = False) -> int:
+        """The multi-token-prediction modules (``mtp_layers``): each a block (as block num_layers + i would
+        be), enorm and hnorm (RMSNorms of h), eh_proj [h, 2h] and a final RMSNorm, sharing the embedding and
+        the output head (not counted again: DeepSeek's checkpoint stores copies of both in its MTP layer,
+        which the Hub's 685B for DeepSeek-V3 counts)."""
+        h = self.hidden_size
+        return sum(self.block_params(self.num_layers + i, active) + 2 * h * h + 3 * h for i in range(self.mtp_layers))
 
     def embedding_params(self) -> int:
         """Token embedding (+ learned positions for gpt, ``position_rows`` of them)."""
@@ -227,4 +341,16 @@ class ModelSpec:
         return norm + (0 if self.tie_embeddings else self.vocab_size * self.hidden_size)
 
     def total_params(self) -> int:
-        return self.embedding_params() + self.num_layers * self.layer_params() + self.head_params()
+        """Every parameter: embedding, blocks (dense and MoE), head, and the multi-token-prediction modules
+        without second copies of the embedding and head they share (DeepSeek-V3: 671.0B + 11.5B of MTP
+        module; the Hub's 685B adds the module's stored copies of embedding and head, 2 x 0.93B)."""
+        return (self.embedding_params() + self._blocks_params(active=False) + self.head_params()
+                + self.mtp_params())
+
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: as ``total_params`` with each MoE block's routed experts cut
+        to the token's top k (router and shared experts included), embedding and head included (as
+        Mixtral's 12.9B and DeepSeek-V3's 37B count). The multi-token-prediction modules count as in
+        ``total_params`` (DeepSeek's 37B is without them: ``dataclasses.replace(spec, mtp_layers=0)``)."""
+        return (self.embedding_params() + self._blocks_params(active=True) + self.head_params()
+                + self.mtp_params(active=True))

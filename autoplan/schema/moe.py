@@ -14,7 +14,9 @@ shared RoPE key of ``qk_rope_head_dim`` channels from the same down-projection.
 
 Only shapes and counts here (torch-free): the planner prices and counts from them; the runtime's MoE
 layer is runtime/models/moe.py. Counts are checked against the published totals (Mixtral-8x7B 46.7B with
-12.9B active, DeepSeek-V3 671B with 37B active, ...) in tests/planner/test_moe_spec.py.
+12.9B active, DeepSeek-V3 671B with 37B active, ...) in tests/planner/test_moe_spec.py; a ModelSpec holds them
+as ``moe`` and ``mla`` (schema/model.py: total_params, active_params) and the shipped MoE models and the Hugging
+Face MoE families are checked in tests/planner/test_moe_models.py.
 """
 
 from __future__ import annotations
@@ -116,6 +118,31 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class YarnRope:
+    """DeepSeek-V3's YaRN RoPE extension (Hugging Face's ``rope_type: yarn``; Peng et al. 2023): RoPE
+    frequencies interpolated by ``factor`` below the ``beta_slow``/``beta_fast`` band, and MLA's softmax scale
+    multiplied by mscale(factor, mscale_all_dim)^2 (``yarn_apply_mscale``). Shapes and counts do not depend
+    on it; it is kept so that the spec says what the published model computes."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    """With both given, the RoPE attention factor is mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+    (1 in DeepSeek-V3, where both are 1.0); None as in Hugging Face (the factor is 0.1 ln(factor) + 1)."""
+
+    def validate(self) -> None:
+        require(1.0 <= self.factor <= 1e6, "factor", f"{self.factor} must be in [1, 1e6] (40 in DeepSeek-V3)")
+        require_range(self, "original_max_position_embeddings", 1, 2**24)
+        require(0 < self.beta_slow <= self.beta_fast <= 1e6, "beta_slow",
+                f"{self.beta_slow} must be positive and at most beta_fast={self.beta_fast} (1 and 32 usually)")
+        for name in ("mscale", "mscale_all_dim"):
+            require_range(self, name, 0.0, 1e3)
+
+
+@dataclass(frozen=True)
 class MLASpec:
     """DeepSeek's multi-head latent attention: low-rank query and key/value projections."""
 
@@ -125,12 +152,19 @@ class MLASpec:
     v_head_dim: int
     q_lora_rank: int | None = None
     """None: queries by one full-rank projection (DeepSeek-V2-Lite)."""
+    rope_scaling: YarnRope | None = None
+    """DeepSeek-V3's YaRN context extension of the shared RoPE key and query channels; None: plain RoPE."""
 
     def validate(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             require_range(self, name, 1, 2**16)
         if self.q_lora_rank is not None:
             require_range(self, "q_lora_rank", 1, 2**16)
+        if self.rope_scaling is not None:
+            try:
+                self.rope_scaling.validate()
+            except ValueError as err:
+                raise type(err)(f"rope_scaling.{err}") from None
 
     @property
     def qk_head_dim(self) -> int:

@@ -1,7 +1,9 @@
 """The plan: the contract between the planner (which only writes it) and the runtime (which only reads it).
 
 A plan is self-contained: it embeds the model spec, the cluster (with its device profile) and the training
-setup it was made for, so ``autoplan run plan.yaml`` needs nothing else.
+setup it was made for, so ``autoplan run plan.yaml`` needs nothing else. A plan for a user's own
+``nn.Module`` (``ModulePlan``, at the end of this file) names the module's factory instead of a spec; only
+``autoplan run`` reads it (runtime/models/adapter.py).
 
 Naming: a *stage* is a contiguous run of transformer layers, one model chunk. With the interleaved
 schedule each pipeline *rank* holds ``virtual_stages`` stages: stage ``i`` runs on rank ``i % pp`` (the
@@ -29,6 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from autoplan.errors import SpecError
 from autoplan.schema._io import require, require_range
 from autoplan.schema.cluster import Cluster
 from autoplan.schema.limits import MAX_BATCH_SIZE, MAX_DEVICES, MAX_DEVICES_PER_NODE, MAX_LAYERS
@@ -411,3 +414,120 @@ class Plan(Layout):
 LAYOUT_FIELDS = tuple(f.name for f in dataclasses.fields(Layout))
 PLAN_KEY_ORDER = ("schema_version", *LAYOUT_FIELDS, "padded_vocab_size", "predicted", "solver", "model", "cluster",
                   "training", "stack")
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """A user's own ``nn.Module``, as a plan names it: the factory ``autoplan profile`` was given and what
+    the profile counted of the module it built. The runtime imports ``factory``'s module and finds its
+    ``autoplan_adapter`` beside it (runtime/models/adapter.py); it refuses to run when the module it builds
+    has other counts than these (the factory changed since the profile)."""
+
+    factory: str
+    """``package.module:function`` returning ``(module, example_batch)``, importable where the ranks run."""
+    name: str
+    """The profile's name for the model."""
+    total_params: int
+    """Parameters of the module the factory builds (the profile's ``total_params``)."""
+    num_blocks: int
+    """Repeated blocks: the pipeline-stage units (the profile's blocks)."""
+
+    def validate(self) -> None:
+        module, _, function = self.factory.partition(":")
+        require(bool(module) and function.isidentifier() and all(p.isidentifier() for p in module.split(".")),
+                "factory", f"{self.factory!r} is not package.module:function; write the factory autoplan profile "
+                "was given")
+        require_range(self, "total_params", 1, None)
+        require_range(self, "num_blocks", 1, MAX_LAYERS)
+
+
+MODULE_PLAN_REFUSALS = {
+    "cp": "context parallelism splits the sequence axis, and the runtime does not know your module's; use cp: 1",
+    "sequence_parallel": "sequence parallelism splits the sequence axis, and the runtime does not know your "
+                         "module's; use sequence_parallel: false",
+    "selective_recompute": "selective recomputation recomputes the reference models' attention core, which your "
+                           "module does not have; use full_recompute for those blocks",
+}
+"""What a plan for a user's module cannot ask for, and why (one line each)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModulePlan(Layout):
+    """A plan for a user's own ``nn.Module`` (``autoplan plan PROFILE -o`` on a profile of
+    ``package.module:factory``): the layout, the module reference in place of the model spec, the cluster
+    and the training setup. Its stages split the module's blocks (the part before them runs on the first
+    stage, the part after them on the last); ``training.seq_len`` is what the planner priced, the module's
+    inputs are whatever its adapter makes. Only ``autoplan run`` (``runtime.launch``) reads it: the other
+    commands read a ``Plan``, and ``load_plan`` refuses a module plan in one line."""
+
+    schema_version: int = SCHEMA_VERSION
+    module: ModuleRef
+    cluster: Cluster
+    training: TrainingSetup
+    predicted: Predicted | None = None
+    solver: SolverInfo | None = None
+    stack: StackProfile | None = None
+
+    def validate(self) -> None:
+        require(self.schema_version == SCHEMA_VERSION, "schema_version",
+                f"this autoplan reads version {SCHEMA_VERSION}; re-plan with this version")
+        Layout.validate(self)
+        require(self.cp == 1, "cp", MODULE_PLAN_REFUSALS["cp"])
+        require(not self.sequence_parallel, "sequence_parallel", MODULE_PLAN_REFUSALS["sequence_parallel"])
+        for i, stage in enumerate(self.stages):
+            require(not stage.selective_recompute, f"stages[{i}].selective_recompute",
+                    MODULE_PLAN_REFUSALS["selective_recompute"])
+        last = self.stages[-1].layers[1] if self.stages else 0
+        require(last == self.module.num_blocks, "stages",
+                f"stages cover {last} blocks, the module has {self.module.num_blocks}")
+        require(self.world_size == self.cluster.num_devices, "dp",
+                f"tp * cp * pp * dp = {self.world_size} but the cluster has {self.cluster.num_devices} devices")
+        per_step = self.micro_batch_size * self.num_microbatches * self.dp
+        require(per_step == self.training.global_batch_size, "num_microbatches",
+                f"micro_batch_size * num_microbatches * dp = {per_step}, global_batch_size = "
+                f"{self.training.global_batch_size}")
+
+    def layout(self) -> Layout:
+        return Layout(**{f: getattr(self, f) for f in LAYOUT_FIELDS})
+
+    @property
+    def stack_name(self) -> str:
+        return self.stack.name if self.stack is not None else DEFAULT_STACK
+
+
+MODULE_PLAN_KEY_ORDER = ("schema_version", *LAYOUT_FIELDS, "predicted", "solver", "module", "cluster", "training",
+                         "stack")
+
+
+MODULE_PLAN_COMMANDS = "autoplan run (or torchrun ... -m runtime.launch) runs it"
+
+
+def is_module_plan(data: Any) -> bool:
+    """Whether a plan document is a ``ModulePlan`` (it names a ``module`` instead of a ``model``)."""
+    return isinstance(data, dict) and "module" in data and "model" not in data
+
+
+def module_plan_refusal(path: Any, command: str) -> str:
+    """The one line a command that reads only ``Plan`` files gives for a module plan."""
+    return (f"{path}: a plan for your own nn.Module (it has module:, not model:); {MODULE_PLAN_COMMANDS}, "
+            f"{command} needs a plan of a shipped model, spec or config.json")
+
+
+MODULE_RUN_REFUSALS = {
+    "data": "the adapter's batch() is the data source",
+    "checkpoint_dir": "checkpoints of a user's module are not written yet",
+    "init_from": "Hugging Face weights map onto the reference models only",
+    "save_hf": "Hugging Face folders are written for the reference models only",
+    "eval_data": "validation reads token files of the reference models",
+    "trace": "the step tracer names the reference models' phases",
+    "timeline": "the phase clock names the reference models' phases",
+    "tensorboard": "not wired for a user's module yet",
+}
+"""``autoplan run`` / ``runtime.launch`` options a plan for a user's module refuses, and why."""
+
+
+def refuse_module_run_options(args: Any) -> None:
+    """One line for the first option (an argparse namespace's) that a module plan cannot take."""
+    for name, why in MODULE_RUN_REFUSALS.items():
+        if getattr(args, name, None) not in (None, "synthetic"):
+            raise SpecError(f"--{name.replace('_', '-')}: not for a plan of your own module ({why}); drop it")

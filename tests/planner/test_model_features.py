@@ -36,6 +36,8 @@ QWEN3ISH = ModelSpec(name="q", architecture="llama", num_layers=2, hidden_size=6
 @pytest.mark.parametrize("name", shipped_names("models"))
 def test_shipped_models_serialise_as_before(name):
     """Every field added for the families holds its default, so it is left out of the written spec."""
+    if load_model(name).moe is not None:
+        pytest.skip("an MoE model (issue 31) writes its moe (mla, mtp_layers) fields: tests/planner/test_moe_models.py")
     assert list(to_dict(load_model(name))) == OLD_KEYS
 
 

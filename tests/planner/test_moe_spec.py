@@ -94,3 +94,16 @@ def test_layer_frequency_every_other_block():
 def test_bad_values_name_the_field(data, message):
     with pytest.raises(SpecError, match=message):
         from_dict(MoESpec, data)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+      "rope_scaling": {"factor": 0.5, "original_max_position_embeddings": 4096}}, "rope_scaling.factor"),
+    ({"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+      "rope_scaling": {"factor": 40.0, "original_max_position_embeddings": 4096, "beta_slow": 64.0}},
+     "rope_scaling.beta_slow"),
+    ({"kv_lora_rank": 0, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}, "kv_lora_rank"),
+])
+def test_bad_mla_values_name_the_field(data, message):
+    with pytest.raises(SpecError, match=message):
+        from_dict(MLASpec, data)

@@ -37,10 +37,15 @@ SPLITS = (LayerSplit(1), LayerSplit(1, 2, False), LayerSplit(1, 2, True), LayerS
 STACKS = ("autoplan", "megatron")
 
 
+DENSE = [name for name in shipped_names("models") if load_model(name).unpriced() is None]
+"""The shipped models the cost model prices: the MoE ones (issue 31) are refused by plan and estimate, and
+the profiler does not build them."""
+
+
 @pytest.fixture(scope="module")
 def profiles():
     return {name: profile_model(name, ProfileOptions(micro_batch_sizes=(1,), tp_sizes=(1, 2), progress=False))
-            for name in shipped_names("models")}
+            for name in DENSE}
 
 
 def _training(cluster, spec) -> TrainingSetup:
@@ -51,7 +56,7 @@ def _rel(a: float, b: float) -> float:
     return abs(b - a) / abs(a) if a else abs(b)
 
 
-@pytest.mark.parametrize("name", shipped_names("models"))
+@pytest.mark.parametrize("name", DENSE)
 def test_layers_cost_alike(profiles, name):
     spec, profile = load_model(name), profiles[name]
     for cluster_name, stack_name, split in ((c, s, p) for c in CLUSTERS for s in STACKS for p in SPLITS):
@@ -89,7 +94,7 @@ def test_layers_cost_alike(profiles, name):
             assert _rel(getattr(a.head, f), getattr(b.head, f)) < 0.15, (where, f)
 
 
-@pytest.mark.parametrize("name", shipped_names("models"))
+@pytest.mark.parametrize("name", DENSE)
 def test_a_step_costs_alike(profiles, name):
     """What a user reads: the step time and the peak memory of one layout, profile against spec, within
     10% and 12%. Time: the embedding's fused bytes are where the two sources differ most (one fused gather

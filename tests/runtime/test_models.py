@@ -151,3 +151,16 @@ def test_new_parameters_start_as_norms_and_biases_do():
     assert torch.equal(attn.q_norm.weight, torch.ones(12)) and torch.equal(attn.k_norm.weight, torch.ones(12))
     assert all(torch.equal(b, torch.zeros_like(b)) for b in (attn.q.bias, attn.k.bias, attn.v.bias))
     assert sum(p.numel() for p in model.parameters()) == QWEN3ISH.total_params()
+
+
+def test_moe_specs_are_refused_not_built_dense():
+    """moe-tiny describes MoE layers the reference models do not build yet: building it (and so profiling
+    it) is one line, not a silently dense model of another parameter count (issue 31)."""
+    from autoplan.cli.main import main
+    from autoplan.errors import SpecError
+    from autoplan.schema import load_model
+    from runtime.models import build_model
+
+    with pytest.raises(SpecError, match="moe-tiny: the model has MoE layers .* do not build yet"):
+        build_model(load_model("moe-tiny"), device="meta")
+    assert main(["profile", "moe-tiny", "--quiet", "-o", "/dev/null"]) == 2
