@@ -11,7 +11,9 @@ from autoplan.schema._io import dump_yaml, from_dict, load_yaml, read_yaml, to_d
 from autoplan.schema.cluster import Cluster
 from autoplan.schema.hardware import DeviceProfile
 from autoplan.schema.model import ModelSpec
-from autoplan.schema.plan import MODULE_PLAN_KEY_ORDER, PLAN_KEY_ORDER, ModulePlan, Plan, is_module_plan, module_plan_refusal
+from autoplan.schema.plan import (
+    MODULE_PLAN_KEY_ORDER, PLAN_KEY_ORDER, ModulePlan, Plan, is_module_plan, module_plan_refusal,
+)
 from autoplan.schema.stack import StackProfile
 from profiles import PROFILES_DIR
 
@@ -97,6 +99,8 @@ def load_any_plan(path: str | os.PathLike) -> Plan | ModulePlan:
 
 
 def dump_module_plan(plan: ModulePlan) -> str:
+    """A plan for a user's own module as YAML, keys in the order a reader expects, with a header saying how to
+    run it."""
     data = to_dict(plan)
     header = (f"# autoplan plan for your module {plan.module.name} ({plan.module.factory}) on {plan.cluster.name} "
               f"({plan.cluster.num_nodes} x {plan.cluster.devices_per_node} {plan.cluster.device.name})\n"
@@ -104,6 +108,5 @@ def dump_module_plan(plan: ModulePlan) -> str:
     return dump_yaml({key: data[key] for key in MODULE_PLAN_KEY_ORDER}, header)
 
 
-__all__ = ["dump_module_plan", "dump_plan", "load_any_plan", "dump_yaml", "load_cluster", "load_device", "load_model", "load_plan", "load_stack",
-           "plan_to_dict",
-           "resolve", "shipped_names"]
+__all__ = ["dump_module_plan", "dump_plan", "dump_yaml", "load_any_plan", "load_cluster", "load_device", "load_model",
+           "load_plan", "load_stack", "plan_to_dict", "resolve", "shipped_names"]

@@ -221,6 +221,11 @@ def check_fits(layout: Layout, model: ModelSpec, training: TrainingSetup, num_de
     check_context_parallel(layout.cp, model, training)
     reason = sequence_refusal(model, training)
     require(reason is None, "seq_len", reason or "")
+    check_world_and_batch(layout, training, num_devices)
+
+
+def check_world_and_batch(layout: Layout, training: TrainingSetup, num_devices: int | None) -> None:
+    """The layout fills the cluster (when its size is known) and its micro-batches make the global batch."""
     if num_devices is not None:
         require(layout.world_size == num_devices, "dp",
                 f"tp * cp * pp * dp = {layout.world_size} but the cluster has {num_devices} devices")
@@ -480,12 +485,7 @@ class ModulePlan(Layout):
         last = self.stages[-1].layers[1] if self.stages else 0
         require(last == self.module.num_blocks, "stages",
                 f"stages cover {last} blocks, the module has {self.module.num_blocks}")
-        require(self.world_size == self.cluster.num_devices, "dp",
-                f"tp * cp * pp * dp = {self.world_size} but the cluster has {self.cluster.num_devices} devices")
-        per_step = self.micro_batch_size * self.num_microbatches * self.dp
-        require(per_step == self.training.global_batch_size, "num_microbatches",
-                f"micro_batch_size * num_microbatches * dp = {per_step}, global_batch_size = "
-                f"{self.training.global_batch_size}")
+        check_world_and_batch(self, self.training, self.cluster.num_devices)
 
     def layout(self) -> Layout:
         return Layout(**{f: getattr(self, f) for f in LAYOUT_FIELDS})

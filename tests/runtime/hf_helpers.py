@@ -84,31 +84,19 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def hf_training_losses(model, plan, steps: int) -> list[float]:
     """``transformers``' model trained with plain PyTorch on the runtime's global batches, with the plan's
-    AdamW, LR schedule and clipping (as tests/runtime/rt_helpers.py serial_run): the serial reference a
+    AdamW, LR schedule and clipping (rt_helpers.reference_steps, as serial_run): the serial reference a
     run started from its folder must reproduce."""
+    from rt_helpers import reference_steps
     from runtime.train.data import TokenSource
-    from runtime.train.optim import lr_at
 
     t = plan.training
-    model.train()
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=t.adam_betas, eps=t.adam_eps)
     data = TokenSource(plan.model.vocab_size, t.seq_len, t.seed)
-    losses = []
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, t)
+
+    def loss_at(step: int) -> torch.Tensor:
         x, y = data.global_batch(step, t.global_batch_size)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())
-        loss.backward()
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.stack([g.double().square().sum() for g in grads]).sum().sqrt().float()
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, t.grad_clip, norm)
-        opt.step()
-        losses.append(loss.item())
+        return F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())
+
+    model.train()
+    losses, _ = reference_steps(list(model.parameters()), t, steps, loss_at)
     model.eval()
     return losses

@@ -8,7 +8,7 @@ import dataclasses
 from autoplan.schema import Stage, TrainingSetup, load_cluster
 from autoplan.schema.plan import ModulePlan, ModuleRef
 from autoplan.schema.schedule import stage_rank
-from rt_helpers import even_sizes
+from rt_helpers import even_sizes, reference_steps
 
 MIXER = "examples.custom_model.mixer:build"
 MIXER_PARAMS = 203_594
@@ -47,29 +47,15 @@ def serial_module_run(plan: ModulePlan, steps: int) -> list[float]:
     import torch
 
     from runtime.models.adapter import build_whole, load_factory
-    from runtime.train.optim import lr_at
 
     t = plan.training
     build, adapter = load_factory(plan.module.factory)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(t.seed)
         model = build_whole(build, plan.module.factory)
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=t.adam_betas, eps=t.adam_eps)
-    losses = []
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, t)
+
+    def loss_at(step: int):
         x, y = adapter.batch(step, 0, t.global_batch_size, t.seed)
-        opt.zero_grad()
-        loss = adapter.loss(model(x), y)
-        loss.backward()
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = torch.stack([g.double().square().sum() for g in grads]).sum().sqrt().float()
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, t.grad_clip, norm)
-        opt.step()
-        losses.append(loss.item())
-    return losses
+        return adapter.loss(model(x), y)
+
+    return reference_steps(list(model.parameters()), t, steps, loss_at)[0]

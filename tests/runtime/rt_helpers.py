@@ -51,45 +51,35 @@ def make_plan(model: "str | ModelSpec" = "gpt-tiny", tp: int = 1, pp: int = 1, d
     return plan
 
 
-def serial_run(plan: Plan, steps: int, data_path: str | None = None) -> tuple[list[float], list[float]]:
-    """The same model and global batches trained in one process with plain PyTorch: the reference.
-
-    Shares only the model code (with its initial values and dropout masks), the data source and the LR
-    formula with the runtime; the optimizer, clipping (an fp64 norm, torch.nn.utils.clip_grads_with_norm_)
-    and the loss are written out here independently, with torch's default (foreach) kernels.
-    """
+def reference_optimizer(params: list, t: TrainingSetup):
+    """The plan's optimizer written with plain torch (default foreach kernels): weight decay on matrices only."""
     import torch
-    import torch.nn.functional as F
 
-    from runtime.models import build_model
-    from runtime.models.dropout import DropoutState, attach
-    from runtime.train.data import TokenSource
-    from runtime.train.optim import lr_at
-
-    t = plan.training
-    model = build_model(plan.model, seq_len=t.seq_len, seed=t.seed)
-    dropout = DropoutState(t.seed)  # the whole global batch at once: its first row is row 0
-    attach(model, dropout)
-    params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if t.optimizer == "sgd":
-        opt = torch.optim.SGD(groups, lr=t.learning_rate, momentum=t.sgd_momentum)
-    else:
-        opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=t.adam_betas, eps=t.adam_eps)
-    data = TokenSource(plan.model.vocab_size, t.seq_len, t.seed, data_path)
+        return torch.optim.SGD(groups, lr=t.learning_rate, momentum=t.sgd_momentum)
+    return torch.optim.AdamW(groups, lr=t.learning_rate, betas=t.adam_betas, eps=t.adam_eps)
+
+
+def reference_steps(params: list, t: TrainingSetup, steps: int, loss_at) -> tuple[list[float], list[float]]:
+    """``steps`` optimizer steps of a serial reference, ``loss_at(step)`` giving the step's loss (its forward):
+    the runtime's LR formula, then the global gradient norm in fp64 and torch's clipping formula (torch's fp32
+    norm of one large tensor is off by ~4e-5 relative -- gpt-tiny's 50,432 x 64 head: 0.70387 vs 0.70390 --
+    more than the sharded runtime's sum of per-shard squares, and would fail the 1e-5 comparison on the
+    reference's side). Returns the losses and the norms."""
+    import torch
+
+    from runtime.train.optim import lr_at
+
+    opt = reference_optimizer(params, t)
     losses, norms = [], []
     for step in range(steps):
-        dropout.step = step
         for g in opt.param_groups:
             g["lr"] = lr_at(step, t)
-        x, y = data.global_batch(step, t.global_batch_size)
         opt.zero_grad()
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss = loss_at(step)
         loss.backward()
-        # the global norm in fp64, then torch's clipping formula: torch's fp32 norm of one large tensor is off
-        # by ~4e-5 relative (gpt-tiny's 50,432 x 64 head: 0.70387 vs 0.70390), more than the sharded
-        # runtime's sum of per-shard squares, and would fail the 1e-5 comparison on the reference's side
         grads = [p.grad for p in params if p.grad is not None]
         norm = torch.stack([g.double().square().sum() for g in grads]).sum().sqrt().float()
         if t.grad_clip > 0:
@@ -98,3 +88,30 @@ def serial_run(plan: Plan, steps: int, data_path: str | None = None) -> tuple[li
         losses.append(loss.item())
         norms.append(norm.item())
     return losses, norms
+
+
+def serial_run(plan: Plan, steps: int, data_path: str | None = None) -> tuple[list[float], list[float]]:
+    """The same model and global batches trained in one process with plain PyTorch: the reference.
+
+    Shares only the model code (with its initial values and dropout masks), the data source and the LR
+    formula with the runtime; the optimizer, clipping (an fp64 norm, torch.nn.utils.clip_grads_with_norm_)
+    and the loss are written out here independently, with torch's default (foreach) kernels.
+    """
+    import torch.nn.functional as F
+
+    from runtime.models import build_model
+    from runtime.models.dropout import DropoutState, attach
+    from runtime.train.data import TokenSource
+
+    t = plan.training
+    model = build_model(plan.model, seq_len=t.seq_len, seed=t.seed)
+    dropout = DropoutState(t.seed)  # the whole global batch at once: its first row is row 0
+    attach(model, dropout)
+    data = TokenSource(plan.model.vocab_size, t.seq_len, t.seed, data_path)
+
+    def loss_at(step: int):
+        dropout.step = step
+        x, y = data.global_batch(step, t.global_batch_size)
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+    return reference_steps(list(model.parameters()), t, steps, loss_at)
