@@ -11,7 +11,6 @@ reference. Rank r feeds rows [r*b, (r+1)*b) of that batch.
 from __future__ import annotations
 
 import copy
-import json
 import sys
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from autoplan.schema.moe import MoESpec
+from rt_helpers import finish_worker
 from runtime.models.moe import MoE, collect_aux_loss
 from runtime.parallel.expert_parallel import apply_expert_parallel, reduce_gradients, update_expert_bias
 
@@ -256,11 +256,7 @@ def main(out_path: str) -> None:
             values = torch.tensor(list(diffs.values()), dtype=torch.float64)
             dist.all_reduce(values, op=dist.ReduceOp.MAX)
             results[f"edp{edp}_ep{ep}/{name}"] = dict(zip(diffs, values.tolist()))
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_worker(out_path, results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from rt_helpers import make_plan
+from rt_helpers import finish_worker, make_plan
 from runtime.evaluate import EvalWindows, Evaluator
 from runtime.mesh import mesh_of_plan
 from runtime.train.checkpoint import load_weights
@@ -65,10 +65,7 @@ def main() -> None:
     out_path, jobs_path = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     results = {job["name"]: run_job(job) for job in json.loads(Path(jobs_path).read_text())}
-    if dist.get_rank() == 0:
-        Path(out_path).write_text(json.dumps(results))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_worker(out_path, results)
 
 
 if __name__ == "__main__":

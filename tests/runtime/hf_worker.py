@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from autoplan.schema import load_plan
+from rt_helpers import finish_worker
 from runtime.hf.load import held_indices, one_range
 from runtime.mesh import mesh_of_plan
 from runtime.models.init import canonical_name
@@ -65,11 +66,7 @@ def main() -> None:
         results[job["name"]] = {"losses": losses, "boxes": boxes}
         if dist.get_rank() == 0:
             print(job["name"], losses, flush=True)
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_worker(out_path, results)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from autoplan.schema.io import load_any_plan
+from rt_helpers import finish_worker
 from runtime.mesh import build_mesh
 from runtime.module_trainer import ModuleTrainer
 
@@ -32,11 +33,7 @@ def main() -> None:
             results[job["name"]] = run_job(job)
             if dist.get_rank() == 0:
                 print(job["name"], results[job["name"]]["losses"], flush=True)
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_worker(out_path, results)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,20 @@ from autoplan.schema import ModelSpec, Plan, Stage, TrainingSetup, check_fits, l
 from autoplan.schema.schedule import stage_rank
 
 
+def finish_worker(out_path: str, results: dict) -> None:
+    """The end of every torchrun test worker: rank 0 writes ``results`` as JSON to ``out_path``, then every
+    rank leaves the process group, after a barrier (exits are flaky without one: runtime-notes §7)."""
+    import json
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def even_sizes(num_layers: int, num_stages: int) -> list[int]:
     base, extra = divmod(num_layers, num_stages)
     return [base + (i < extra) for i in range(num_stages)]

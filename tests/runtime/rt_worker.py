@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from autoplan.schema import Plan, load_plan
 from rt_cases import CASES, RESUME, RESUME_AT, RESUME_STEPS, STEPS
-from rt_helpers import make_plan
+from rt_helpers import finish_worker, make_plan
 from runtime.mesh import mesh_of_plan
 from runtime.train.data import TokenSource
 from runtime.trainer import RunOptions, Trainer, run
@@ -134,11 +134,7 @@ def main() -> None:
                 print(name, results[name]["losses"], flush=True)
         for name, kw in RESUME.get(world, {}).items():
             results[name] = resume_case(kw, f"{out_path}.{name}.ckpt")
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_worker(out_path, results)
 
 
 if __name__ == "__main__":
