@@ -82,6 +82,23 @@ def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool
         apply_tp(model, pm.tp_mesh, plan.sequence_parallel, loss_parallel)
     if positions is not None:
         apply_context_parallel(model, pm.group("cp"), positions)
+    recompute_shard_materialize(model, plan, pm, stage, meter, materialize)
+    if materialize:
+        init_buffers(model)
+        if init_from is not None:
+            from runtime.hf.load import load_hf_weights
+            load_hf_weights([model], plan.model, init_from)
+        else:
+            init_parameters(model, plan.model, plan.training.seed)
+    return model
+
+
+def recompute_shard_materialize(model: nn.Module, plan, pm: ParallelMesh, stage, meter: MemoryMeter | None,
+                                materialize: bool) -> None:
+    """The part of a stage's build after its tensor (and context) parallelism, the same for the reference
+    models and a user's module (runtime/module_build.py): recomputation per block, the memory meter's hooks,
+    DP/ZeRO (FSDP2 / replicate), then, with ``materialize``, real memory for this rank's shards (values are
+    the caller's to fill)."""
     apply_recompute(model, stage)
     if meter is not None:
         for block in model.blocks.values():
@@ -92,13 +109,6 @@ def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool
         # with offload FSDP2 keeps the sharded parameters on the host (torchtitan's init_device)
         to_empty_keeping_ties(model, torch.device("cpu") if plan.offload_optimizer else pm.device)
         move_buffers(model, pm.device)
-        init_buffers(model)
-        if init_from is not None:
-            from runtime.hf.load import load_hf_weights
-            load_hf_weights([model], plan.model, init_from)
-        else:
-            init_parameters(model, plan.model, plan.training.seed)
-    return model
 
 
 def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:

@@ -13,15 +13,13 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from autoplan.errors import SpecError
 from autoplan.schema.plan import ModulePlan
-from runtime.build import Parts, local_stage_ids, move_buffers, to_empty_keeping_ties
+from runtime.build import Parts, local_stage_ids, recompute_shard_materialize
 from runtime.device import MemoryMeter, autocast_dtype
 from runtime.mesh import ParallelMesh
 from runtime.models.adapter import ModuleAdapter, build_whole, count_params, load_factory, shared_across, split, stage_module
 from runtime.models.dropout import DropoutState
 from runtime.models.init import WRAPPER_PREFIXES
-from runtime.parallel.data_parallel import apply_data_parallel
 from runtime.parallel.pipeline import DropoutRows, build_pipeline
-from runtime.parallel.recompute import apply_recompute
 from runtime.train.loss_scale import LossScale
 from runtime.train.optim import Optimizers
 
@@ -87,15 +85,8 @@ def build_module_stage(plan: ModulePlan, pm: ParallelMesh, build, adapter: Modul
     if plan.tp > 1:
         for block in model.blocks.values():
             parallelize_module(block, pm.tp_mesh, adapter.tp_plan(block))
-    apply_recompute(model, stage)
-    if meter is not None:
-        for block in model.blocks.values():
-            block.register_forward_hook(meter.hook)
-    apply_data_parallel(model, pm.dp_cp_mesh, plan.zero_stage, plan.offload_optimizer,
-                        autocast_dtype(pm.device, plan.training.precision))
+    recompute_shard_materialize(model, plan, pm, stage, meter, values is not None)
     if values is not None:
-        to_empty_keeping_ties(model, torch.device("cpu") if plan.offload_optimizer else pm.device)
-        move_buffers(model, pm.device)
         fill(model, values)
     return model
 
