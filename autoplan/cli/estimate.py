@@ -45,7 +45,7 @@ def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, glo
     if global_batch % (dp * args.micro_batch_size):
         raise SpecError(f"--micro-batch-size: global batch {global_batch} is not divisible by dp x micro-batch "
                         f"= {dp} x {args.micro_batch_size}")
-    defaults = {"dp": dp, "cp": 1, "virtual_stages": 2 if args.schedule == "interleaved" else 1,
+    defaults = {"dp": dp, "cp": 1, "ep": 1, "etp": 1, "virtual_stages": 2 if args.schedule == "interleaved" else 1,
                 "sequence_parallel": False, "offload_optimizer": False}
     values = {k: (defaults[k] if v is None else v) for k, v in given.items()}
     values["num_microbatches"] = global_batch // (dp * args.micro_batch_size)

@@ -227,6 +227,13 @@ class LayerCost:
     9 of a llama-tiny block, after the one in the input backward)."""
     tp_param_tensors: int = 0
     """Of those, the ones TP turns into DTensors (all of them are DTensors under FSDP2 / replicate)."""
+    expert_params: float = 0.0
+    """Of ``params``, the routed experts' this device holds (num_experts / ep experts, each split by etp): their
+    gradients are reduced, and ZeRO shards their states, over the experts' own data-parallel group ``edp``
+    (ParallelDims.expert_span), not over dp x cp. 0 for a dense layer."""
+    ep_fwd_s: float = 0.0
+    """MoE: the token dispatch and combine all-to-alls over the EP group not hidden behind compute, forward."""
+    ep_bwd_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,16 @@ class LayerSplit:
     """Norms, dropouts and residuals split along the sequence within the TP group (needs tp > 1)."""
     cp: int = 1
     """Context-parallel ranks: each holds seq_len / cp tokens of every sequence."""
+    ep: int = 1
+    """Expert-parallel ranks (MoE): each holds num_experts / ep experts and exchanges routed tokens with the
+    others by all-to-all."""
+    etp: int = 1
+    """Expert tensor-parallel ranks (MoE): each expert's matrices are split over etp ranks."""
 
     @property
     def dims(self) -> ParallelDims:
-        """The TP and CP axes (the groups a layer's own collectives run on)."""
-        return ParallelDims(tp=self.tp, cp=self.cp)
+        """The TP and CP axes (the groups a layer's own collectives run on), and for MoE the expert axes."""
+        return ParallelDims(tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp)
 
     @property
     def hidden_shards(self) -> int:

@@ -40,6 +40,11 @@ class Workload:
     """Peak working memory of the loss on the last stage (logits and their gradient)."""
     ring_transient_bytes: float = 0.0
     """Working memory of one block's ring attention (cost/context_parallel.py), on every rank; 0 without cp."""
+    dense_layers: int = 0
+    """MoE models: the leading blocks that keep a dense MLP (DeepSeek-V3: 3; ``MoESpec.first_dense_layers``);
+    ``block`` is then an MoE block and ``num_layers`` still counts every block."""
+    dense_block: LayerCost | None = None
+    """One of those leading dense blocks (None when ``dense_layers`` is 0)."""
 
 
 WorkloadFn = Callable[[LayerSplit], Workload]

@@ -68,7 +68,7 @@ def load_cluster(name_or_path: str | os.PathLike) -> Cluster:
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as plain data, in reading order: the choices first, the embedded inputs last."""
     data = to_dict(plan)
-    return {key: data[key] for key in PLAN_KEY_ORDER}
+    return {key: data[key] for key in PLAN_KEY_ORDER if key in data}
 
 
 def dump_plan(plan: Plan) -> str:
@@ -105,7 +105,7 @@ def dump_module_plan(plan: ModulePlan) -> str:
     header = (f"# autoplan plan for your module {plan.module.name} ({plan.module.factory}) on {plan.cluster.name} "
               f"({plan.cluster.num_nodes} x {plan.cluster.devices_per_node} {plan.cluster.device.name})\n"
               "# Run it with: autoplan run <this file>   (the factory's module must be importable there)\n")
-    return dump_yaml({key: data[key] for key in MODULE_PLAN_KEY_ORDER}, header)
+    return dump_yaml({key: data[key] for key in MODULE_PLAN_KEY_ORDER if key in data}, header)
 
 
 __all__ = ["dump_module_plan", "dump_plan", "dump_yaml", "load_any_plan", "load_cluster", "load_device", "load_model",

@@ -99,6 +99,12 @@ class ParallelConfig:
                         "and seq_len divisible by 2 x cp)", default=1)
     """Context parallelism (ring attention, torch's context_parallel): the ranks of a CP group hold the
     same parameters and different tokens of every sequence; 1 = off."""
+    ep: int = dimension("expert-parallel ranks (Mixture of Experts): the routed experts are split over ep ranks, "
+                        "tokens reach theirs by all-to-all (divides the experts and tp x cp x dp)", default=1)
+    """Expert parallelism: the expert layers regroup the tp x cp x dp ranks of a pipeline rank as etp x ep x edp
+    (schema/parallel_dims.py); 1 for a dense model."""
+    etp: int = dimension("expert tensor-parallel ranks: each expert's matrices are split over etp ranks "
+                         "(Mixture of Experts; divides the expert width)", default=1)
     sequence_parallel: bool = dimension("split norms and dropout along the sequence within the TP group "
                                         "(Korthikanti et al. 2022; needs tp > 1)")
     zero_stage: int = dimension("0: replicated data parallelism; 1: optimizer state sharded; 2: + gradients; "
@@ -118,6 +124,10 @@ class ParallelConfig:
     @property
     def num_stages(self) -> int:
         return self.pp * self.virtual_stages
+
+    def defaults_omitted(self) -> dict[str, Any]:
+        """ep and etp are left out of files while 1, so dense plans are written as before (schema/_io.py)."""
+        return {"ep": 1, "etp": 1}
 
     @property
     def dims(self) -> ParallelDims:
@@ -152,6 +162,10 @@ class Layout(ParallelConfig):
             require_range(self, name, 1, high)
         require(self.world_size <= MAX_DEVICES, "dp",
                 f"tp * cp * pp * dp = {self.world_size:,} devices; no cluster has more than {MAX_DEVICES:,}")
+        for name in ("ep", "etp"):
+            require_range(self, name, 1, MAX_DEVICES)
+        fold = self.dims.expert_fold_error()
+        require(fold is None, "ep", fold or "")
         require(self.zero_stage in (0, 1, 2, 3), "zero_stage", f"{self.zero_stage} is not 0, 1, 2 or 3")
         require(not (self.sequence_parallel and self.tp == 1), "sequence_parallel",
                 "needs tp > 1 (sequence parallel splits the norms across the TP group)")
@@ -219,9 +233,39 @@ def check_fits(layout: Layout, model: ModelSpec, training: TrainingSetup, num_de
     require(layout.num_stages <= model.num_layers, "pp",
             f"pp * virtual_stages = {layout.num_stages} exceeds num_layers = {model.num_layers}")
     check_context_parallel(layout.cp, model, training)
+    check_expert_parallel(layout, model)
     reason = sequence_refusal(model, training)
     require(reason is None, "seq_len", reason or "")
     check_world_and_batch(layout, training, num_devices)
+
+
+def expert_parallel_refusal(ep: int, etp: int, model: ModelSpec, tp: int = 1,
+                            sequence_parallel: bool = False) -> tuple[str, str] | None:
+    """(field, why) ``ep`` x ``etp`` cannot split this model's experts (None: they can): a dense model has none
+    to split; ep must divide the routed experts (each rank holds E / ep whole experts, as Megatron-Core's
+    ``num_local_experts``) and etp the expert width (each expert's column- and row-parallel halves); under
+    tp > 1 the tokens entering an MoE layer must be the rank's sequence-parallel slice (Megatron-Core's
+    MoELayer.forward raises without sequence_parallel under TP: megatron/core/transformer/moe/moe_layer.py)."""
+    if model.moe is None:
+        for field, size in (("ep", ep), ("etp", etp)):
+            if size > 1:
+                return field, f"{field}={size} needs a Mixture-of-Experts model ({model.name} has no experts); use 1"
+        return None
+    if tp > 1 and not sequence_parallel:
+        return "sequence_parallel", ("an MoE model under tp > 1 needs sequence parallelism: each TP rank routes its own "
+                                     "slice of the tokens, as Megatron-Core requires; add --sequence-parallel")
+    experts, width = model.moe.num_experts, model.moe.expert_ffn_size
+    if experts % ep:
+        return "ep", f"ep={ep} does not divide the {experts} routed experts; use a divisor of {experts}"
+    if width % etp:
+        return "etp", f"etp={etp} does not divide the expert width expert_ffn_size={width}; use a divisor of {width}"
+    return None
+
+
+def check_expert_parallel(layout: Layout, model: ModelSpec) -> None:
+    refusal = expert_parallel_refusal(layout.ep, layout.etp, model, layout.tp, layout.sequence_parallel)
+    if refusal is not None:
+        require(False, *refusal)
 
 
 def check_world_and_batch(layout: Layout, training: TrainingSetup, num_devices: int | None) -> None:

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from autoplan.schema import Layout, TrainingSetup, load_cluster, load_model
+from autoplan.schema._io import to_dict
 
 DATA = Path(__file__).parent / "data" / "pinned_predictions.json.gz"
 MODELS = ("gpt-tiny", "llama-tiny", "gpt2-medium", "gpt3-1.3b", "llama2-7b", "mistral-7b", "llama3-8b",
@@ -105,7 +106,7 @@ def generate() -> dict:
             cases.append({"model": model_name, "cluster": cluster_name, "training": {}, "search": True,
                           "status": result.status,
                           "step_ns": best.step_ns if best else None,
-                          "config": dataclasses.asdict(best.config) if best else None,
+                          "config": to_dict(best.config) if best else None,
                           "shapes": [dataclasses.astuple(s) for s in best.shapes] if best else None})
     return {"about": __doc__.strip().splitlines()[0], "cases": cases}
 

@@ -16,6 +16,7 @@ from collections import defaultdict
 
 import pytest
 
+from autoplan.schema._io import to_dict
 from tests.planner.pinned_cases import DATA, MODELS, predicted_dict, setup
 
 REL = 1e-9
@@ -92,5 +93,5 @@ def test_planner_choice_as_pinned(model_name):
             assert case["step_ns"] is None
             continue
         assert result.best.step_ns == case["step_ns"], cluster_name
-        assert dataclasses.asdict(result.best.config) == case["config"], cluster_name
+        assert to_dict(result.best.config) == case["config"], cluster_name
         assert [list(dataclasses.astuple(s)) for s in result.best.shapes] == case["shapes"], cluster_name
