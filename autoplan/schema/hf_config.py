@@ -493,23 +493,31 @@ def _llama(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
         qkv_bias=qkv_bias, qk_norm=attn == "qwen3", rope_scaling=scaling, sliding_window=window)
 
 
-def _rope(p: Path, data: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, the llama3 scaling or None) as ``transformers`` 5 reads them
+def _rope_fields(p: Path, data: dict[str, Any], fields: dict[str, _Field],
+                 rotates: str) -> tuple[str, dict[str, Any], float, str]:
+    """(key, its object, rope_theta, rope_type) as ``transformers`` 5 reads them
     (``convert_rope_params_to_dict``): the legacy ``rope_scaling`` object if given, else ``rope_parameters``;
-    its ``rope_theta`` before the top-level one; its ``rope_type`` (or legacy ``type``), "default" if none."""
+    its ``rope_theta`` before the top-level one; its ``rope_type`` (or legacy ``type``), "default" if none.
+    Refused for every family: RoPE parameters per layer type, and a partial rotary factor (``rotates`` says
+    what the model rotates instead)."""
     key = "rope_scaling" if data.get("rope_scaling") else "rope_parameters"
     params = data.get(key) or {}
     _check(p, {f"{key}.{k}": v for k, v in params.items()}, data["model_type"],
-           {f"{key}.{k}": f for k, f in _ROPE_LLAMA3.items()})
+           {f"{key}.{k}": f for k, f in fields.items()})
     if any(isinstance(v, dict) for v in params.values()):
-        raise SpecError(f"{p}: {key}: RoPE parameters per layer type are not supported (the runtime's model "
-                        "rotates every layer alike); give one flat object")
+        raise SpecError(f"{p}: {key}: RoPE parameters per layer type are not supported (the model rotates every "
+                        "layer alike); give one flat object")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise SpecError(f"{p}: {key}.partial_rotary_factor: {_show(params['partial_rotary_factor'])} is not "
-                        "supported (the runtime's RoPE rotates the whole head); write 1.0")
+                        f"supported ({rotates}); write 1.0")
     theta = float(params.get("rope_theta",
                              data.get("rope_theta", _ABSENT[data["model_type"]].get("rope_theta", 10000.0))))
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    return key, params, theta, params.get("rope_type", params.get("type", "default"))
+
+
+def _rope(p: Path, data: dict[str, Any]) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, the llama3 scaling or None) of a llama-family config (``_rope_fields``)."""
+    key, params, theta, rope_type = _rope_fields(p, data, _ROPE_LLAMA3, "the runtime's RoPE rotates the whole head")
     if rope_type == "default":
         return theta, None
     if rope_type != "llama3":
@@ -674,18 +682,8 @@ def _deepseek_v3(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
 
 
 def _rope_mla(p: Path, data: dict[str, Any]) -> tuple[float, YarnRope | None]:
-    """(rope_theta, YaRN or None) of a deepseek_v3 config, read as ``_rope`` reads a llama's."""
-    key = "rope_scaling" if data.get("rope_scaling") else "rope_parameters"
-    params = data.get(key) or {}
-    _check(p, {f"{key}.{k}": v for k, v in params.items()}, data["model_type"],
-           {f"{key}.{k}": f for k, f in _ROPE_YARN.items()})
-    if any(isinstance(v, dict) for v in params.values()):
-        raise SpecError(f"{p}: {key}: RoPE parameters per layer type are not supported; give one flat object")
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise SpecError(f"{p}: {key}.partial_rotary_factor: {_show(params['partial_rotary_factor'])} is not "
-                        "supported (MLA rotates all qk_rope_head_dim channels); write 1.0")
-    theta = float(params.get("rope_theta", data.get("rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    """(rope_theta, YaRN or None) of a deepseek_v3 config (``_rope_fields``)."""
+    key, params, theta, rope_type = _rope_fields(p, data, _ROPE_YARN, "MLA rotates all qk_rope_head_dim channels")
     if rope_type == "default":
         return theta, None
     if rope_type != "yarn":
