@@ -62,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
     from autoplan.launcher.preflight import NeedsMoreNodes, shape
     from autoplan.launcher.supervise import run_attempts
     from autoplan.schema import load_plan
-    from autoplan.schema.training import require_runnable_precision
+    from autoplan.schema.plan import require_runnable
     from runtime.eval_inputs import check_eval_inputs
 
     plan = load_plan(args.plan)
-    require_runnable_precision(plan.training)
+    require_runnable(plan)
     if args.nproc is not None and args.nproc < 1:
         raise SpecError(f"--nproc: {args.nproc} must be at least 1")
     notices: list[str] = []

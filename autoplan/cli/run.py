@@ -99,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
         from autoplan.cli.dry_run import dry_run
         from autoplan.schema import load_plan
 
-        from autoplan.schema.training import require_runnable_precision
+        from autoplan.schema.plan import require_runnable
 
         plan = load_plan(args.plan, "autoplan run --dry-run")
-        require_runnable_precision(plan.training)
+        require_runnable(plan)
         return dry_run(args.plan, plan, args.rank, args.json)
     if args.rank or args.json:
         raise SpecError(f"{'--rank' if args.rank else '--json'}: only with --dry-run")

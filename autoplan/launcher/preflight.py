@@ -246,11 +246,10 @@ def runtime_args(args: argparse.Namespace, data: str | None, knobs: dict | None 
 
 def preflight(args: argparse.Namespace) -> tuple[Plan, Launch]:
     from autoplan.schema.io import load_any_plan
-    from autoplan.schema.plan import ModulePlan
-    from autoplan.schema.training import require_runnable_precision
+    from autoplan.schema.plan import ModulePlan, require_runnable
 
     plan = load_any_plan(args.plan)
-    require_runnable_precision(plan.training)
+    require_runnable(plan)
     if isinstance(plan, ModulePlan):
         return module_preflight(args, plan)
     check_numbers(args)

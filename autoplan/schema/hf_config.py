@@ -20,7 +20,10 @@ another pattern is refused. DeepSeek's group-limited routing (``n_group``, ``top
 experts a token goes to, not the shapes or the cost: it is read (type-checked) and not kept. The numbers
 of experts are read under every name the config classes accept (``num_local_experts``, ``num_experts``,
 ``n_routed_experts``: ``save_pretrained`` of transformers 5 writes Qwen3-MoE's as ``num_local_experts``).
-``gpt_oss``, ``deepseek_v2`` and other MoE families are refused by model_type.
+``deepseek_v2`` maps as V3 does, with softmax routing (greedy or group-limited) and no MTP module.
+``gpt_oss`` maps for planning only (``_gpt_oss``): its biases, attention sinks and alternating windows are
+in the spec and priced, and the runtime refuses them (``ModelSpec.runtime_refusal``). Other MoE families
+are refused by model_type (``_UNMAPPED``).
 
 RoPE settings are read where either generation of ``transformers`` writes them: ``rope_theta`` and
 ``rope_scaling`` at the top level (4.x, the Hub's configs), or one ``rope_parameters`` object holding
@@ -58,13 +61,11 @@ from autoplan.schema.limits import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MAX
 from autoplan.schema.model import ModelSpec, RopeScaling
 from autoplan.schema.moe import MLASpec, MoESpec, YarnRope
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
+            "deepseek_v3", "gpt_oss")
 _ATTENTION = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}
 """The dense family whose attention (and sliding-window rule) each MoE family shares."""
-_UNMAPPED = {"gpt_oss": "it has attention sinks, biases on the router and experts, and alternating sliding-window "
-                        "layers",
-             "deepseek_v2": "its routing (greedy or group-limited softmax top-k) and MLA variant are not described",
-             "qwen3_next": "it mixes linear-attention (gated DeltaNet) and gated-attention layers",
+_UNMAPPED = {"qwen3_next": "it mixes linear-attention (gated DeltaNet) and gated-attention layers",
              "dbrx": "its attention and experts are fused differently", "jamba": "it mixes Mamba and attention layers",
              "olmoe": "its q/k norms span all heads", "granitemoe": "its experts and scalings differ",
              "phimoe": "its router (sparsemixer) differs", "jetmoe": "it has mixture-of-attention-heads"}
@@ -145,6 +146,15 @@ _ABSENT: dict[str, dict[str, Any]] = {
                   "sliding_window": None, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                   "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1,
                   "mlp_only_layers": None},
+    "deepseek_v2": {"num_key_value_heads": 32, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                    "n_routed_experts": 64, "num_experts_per_tok": None, "moe_intermediate_size": 1407,
+                    "n_shared_experts": 2, "first_k_dense_replace": 0, "norm_topk_prob": False,
+                    "routed_scaling_factor": 1.0, "aux_loss_alpha": 0.001, "num_nextn_predict_layers": 0,
+                    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                    "v_head_dim": 128},
+    "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                "sliding_window": 128, "num_local_experts": 128, "num_experts_per_tok": 4,
+                "router_aux_loss_coef": 0.001, "attention_bias": True, "rope_theta": 150000.0},
     "deepseek_v3": {"num_key_value_heads": 128, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
                     "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
                     "n_shared_experts": 1, "first_k_dense_replace": 3, "norm_topk_prob": True,
@@ -167,15 +177,24 @@ _REFUSED_FLAGS: dict[str, dict[str, str]] = {
                   "use_sliding_window": "the runtime's attention is full causal in every layer"},
     "deepseek_v3": {"attention_bias": "it biases q_a_proj, kv_a_proj_with_mqa and o_proj, which a ModelSpec's MLA "
                                       "has no bias on"},
+    "deepseek_v2": {"attention_bias": "it biases q_a_proj, kv_a_proj_with_mqa and o_proj, which a ModelSpec's MLA "
+                                      "has no bias on"},
+    "gpt_oss": {"mlp_bias": "its experts' biases are implied, not a flag"},
 }
 _EXPERTS = {"mixtral": ("num_local_experts", "num_experts"), "qwen2_moe": ("num_experts",),
-            "qwen3_moe": ("num_experts", "num_local_experts"), "deepseek_v3": ("n_routed_experts", "num_local_experts")}
+            "qwen3_moe": ("num_experts", "num_local_experts"), "deepseek_v3": ("n_routed_experts", "num_local_experts"),
+            "deepseek_v2": ("n_routed_experts", "num_local_experts"), "gpt_oss": ("num_local_experts", "num_experts")}
 """The keys each family's config class reads the number of routed experts from (the first is its own)."""
 _MOE: dict[str, _Field] = {
     "num_local_experts": _count("the number of routed experts", 8, 2**16),
     "num_experts": _count("the number of routed experts", 64, 2**16),
     "n_routed_experts": _count("the number of routed experts", 256, 2**16),
     "num_experts_per_tok": _count("the experts each token is routed to", 8, 2**16),
+    "experts_per_token": _count("the experts each token is routed to", 4, 2**16),
+    "swiglu_limit": _Field("float", "the clamp of GPT-OSS's SwiGLU", 7.0, low=0.0, high=1e6, low_open=True),
+    "swiglu_alpha": _Field("float", "the sigmoid slope of GPT-OSS's SwiGLU", 1.702, low=0.0, high=1e6, low_open=True),
+    "layer_types": _Field("list", "each block's attention (sliding_attention or full_attention)",
+                          ["sliding_attention", "full_attention"], nullable=True),
     "moe_intermediate_size": _count("the width of one routed expert", 1408, 4 * MAX_HIDDEN_SIZE),
     "shared_expert_intermediate_size": _count("the width of the shared expert", 5632, 4 * MAX_HIDDEN_SIZE),
     "n_shared_experts": _Field("int", "the number of shared experts", 1, low=0, high=2**10),
@@ -215,6 +234,9 @@ _ROPE_YARN: dict[str, _Field] = {
     "rope_theta": _Field("float", "the RoPE base", 10000.0, low=1.0, high=1e12, low_open=True),
     "partial_rotary_factor": _Field("float", "the share of each head RoPE rotates", 1.0, low=0.0, high=1.0,
                                     low_open=True),
+    "truncate": _Field("bool", "whether YaRN rounds its correction range (GPT-OSS: false)", False, nullable=True),
+    "attention_factor": _Field("float", "YaRN's attention scale", 1.0, low=0.0, high=1e3, low_open=True,
+                               nullable=True),
 }
 _ROPE_LLAMA3: dict[str, _Field] = {
     "factor": _Field("float", "the divisor of the low frequencies", 8.0, low=1.0, high=1e6),
@@ -285,8 +307,10 @@ def spec_from_hf_config(path: str | os.PathLike, name: str | None = None) -> Mod
     elif kind in ("mixtral", "qwen2_moe", "qwen3_moe"):
         spec = _llama(p, data, name)
         spec = dataclasses.replace(spec, moe=_moe(p, data, kind, spec.num_layers), head_dim=spec.head_dim)
-    elif kind == "deepseek_v3":
-        spec = _deepseek_v3(p, data, name)
+    elif kind in ("deepseek_v2", "deepseek_v3"):
+        spec = _deepseek(p, data, name)
+    elif kind == "gpt_oss":
+        spec = _gpt_oss(p, data, name)
     elif kind == "gpt2":
         spec = _gpt2(p, data, name)
     elif isinstance(kind, str) and kind in _UNMAPPED:
@@ -580,6 +604,22 @@ def _experts(p: Path, data: dict[str, Any], family: str) -> int:
     return data[given[0]] if given else _ABSENT[family][_EXPERTS[family][0]]
 
 
+def _top_k(p: Path, data: dict[str, Any], family: str) -> int:
+    """The experts each token goes to: ``num_experts_per_tok`` (GPT-OSS's hub files also say
+    ``experts_per_token``: one value), required where the config class has no default (DeepSeek-V2)."""
+    given = [k for k in ("num_experts_per_tok", "experts_per_token") if k in data]
+    for key in given:
+        _check_value(p, key, data[key], _MOE[key], False)
+    if len(given) == 2 and data[given[0]] != data[given[1]]:
+        raise SpecError(f"{p}: experts_per_token: {_show(data['experts_per_token'])} differs from "
+                        f"num_experts_per_tok={_show(data['num_experts_per_tok'])} (both name top-k); keep one")
+    top_k = data[given[0]] if given else _ABSENT[family]["num_experts_per_tok"]
+    if top_k is None:
+        raise SpecError(f"{p}: num_experts_per_tok: missing ({family}'s config class has no default); give the "
+                        "experts each token is routed to, e.g. \"num_experts_per_tok\": 6")
+    return top_k
+
+
 def _leading_dense(p: Path, data: dict[str, Any], family: str, num_layers: int) -> tuple[int, int]:
     """(first_dense_layers, layer_frequency) giving exactly the MoE blocks of Qwen's rule (block i is MoE
     when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0), or a one-line refusal."""
@@ -607,7 +647,7 @@ def _leading_dense(p: Path, data: dict[str, Any], family: str, num_layers: int) 
 def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec:
     """The routed feed-forward layers of a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 config."""
     get = lambda key: _moe_get(p, data, family, key)  # noqa: E731
-    experts, top_k = _experts(p, data, family), get("num_experts_per_tok")
+    experts, top_k = _experts(p, data, family), _top_k(p, data, family)
     if top_k > experts:
         raise SpecError(f"{p}: num_experts_per_tok: {top_k} is more than the {experts} routed experts")
     if family == "mixtral":
@@ -616,11 +656,16 @@ def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec
                             "ModelSpec's router has no input jitter); write 0.0")
         return MoESpec(experts, top_k, data["intermediate_size"], normalize_top_k=True,
                        aux_loss_coefficient=float(get("router_aux_loss_coef")))
-    if family == "deepseek_v3":
-        for key, allowed in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc"), ("moe_layer_freq", 1)):
+    if family == "gpt_oss":  # top-k of the router logits, softmax over those k: softmax, top-k, renormalised
+        return MoESpec(experts, top_k, data["intermediate_size"], normalize_top_k=True, router_bias=True,
+                       expert_bias=True, aux_loss_coefficient=float(get("router_aux_loss_coef")))
+    if family in _DEEPSEEK_ROUTING:
+        for key, allowed in (*_DEEPSEEK_ROUTING[family].items(), ("moe_layer_freq", (1,))):
             if key in data:
                 _check_value(p, key, data[key], _MOE[key], False)
-                _require(p, data, key, allowed)
+                if data[key] not in allowed:
+                    raise SpecError(f"{p}: {key}: {_show(data[key])} is not {family}'s (it has "
+                                    f"{' or '.join(map(_show, allowed))}); write {_show(allowed[0])}")
         for key in ("n_group", "topk_group"):  # group-limited routing: which experts, not shapes or cost
             if key in data:
                 _check_value(p, key, data[key], _MOE[key], False)
@@ -628,7 +673,8 @@ def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec
         if first >= num_layers:
             raise SpecError(f"{p}: first_k_dense_replace: {first} leaves no MoE block in {num_layers} layers")
         return MoESpec(experts, top_k, get("moe_intermediate_size"), num_shared_experts=get("n_shared_experts"),
-                       first_dense_layers=first, router="sigmoid", normalize_top_k=get("norm_topk_prob"),
+                       first_dense_layers=first, router="sigmoid" if family == "deepseek_v3" else "softmax",
+                       normalize_top_k=get("norm_topk_prob"),
                        routed_scaling_factor=float(get("routed_scaling_factor")),
                        aux_loss_coefficient=float(get("aux_loss_alpha")))
     first, step = _leading_dense(p, data, family, num_layers)
@@ -639,11 +685,19 @@ def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec
                    **shared)
 
 
-def _deepseek_v3(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
-    """DeepSeek-V3: multi-head latent attention, leading dense blocks, sigmoid-routed and shared experts,
-    multi-token-prediction modules. ``head_dim`` and ``qk_head_dim`` in the file are derived by the config
-    class (qk_rope_head_dim and qk_nope + qk_rope) and not read."""
-    family = "deepseek_v3"
+_DEEPSEEK_ROUTING: dict[str, dict[str, tuple[Any, ...]]] = {
+    "deepseek_v2": {"scoring_func": ("softmax",), "topk_method": ("greedy", "group_limited_greedy")},
+    "deepseek_v3": {"scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",)},
+}
+"""The routing each DeepSeek family's modelling code computes (the first value is its config class's
+default). Group-limited choice changes which experts a token goes to, not the shapes or the cost."""
+
+
+def _deepseek(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
+    """DeepSeek-V2 and V3: multi-head latent attention, leading dense blocks, routed (V2: softmax, V3:
+    sigmoid scores) and shared experts; V3's multi-token-prediction modules. ``head_dim`` and ``qk_head_dim``
+    in the file are derived by the config class (qk_rope_head_dim and qk_nope + qk_rope) and not read."""
+    family = data["model_type"]
     _check(p, data, family, {k: f for k, f in _LLAMA.items() if k not in ("head_dim", "sliding_window")},
            _LLAMA_REQUIRED)
     if data.get("attention_bias") is True:
@@ -682,7 +736,7 @@ def _deepseek_v3(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
 
 
 def _rope_mla(p: Path, data: dict[str, Any]) -> tuple[float, YarnRope | None]:
-    """(rope_theta, YaRN or None) of a deepseek_v3 config (``_rope_fields``)."""
+    """(rope_theta, YaRN or None) of a deepseek_v2 or deepseek_v3 config (``_rope_fields``)."""
     key, params, theta, rope_type = _rope_fields(p, data, _ROPE_YARN, "MLA rotates all qk_rope_head_dim channels")
     if rope_type == "default":
         return theta, None
@@ -696,8 +750,59 @@ def _rope_mla(p: Path, data: dict[str, Any]) -> tuple[float, YarnRope | None]:
     if "factor" not in params:
         raise SpecError(f"{p}: {key}.factor: missing; yarn scaling needs it, e.g. \"factor\": 40.0")
     original = params.get("original_max_position_embeddings") or data.get(
-        "max_position_embeddings", _ABSENT["deepseek_v3"]["max_position_embeddings"])
+        "max_position_embeddings", _ABSENT[data["model_type"]]["max_position_embeddings"])
     mscales = {k: None if params.get(k) is None else float(params[k]) for k in ("mscale", "mscale_all_dim")}
     return theta, YarnRope(factor=float(params["factor"]), original_max_position_embeddings=original,
                            beta_fast=float(params.get("beta_fast") or 32.0),
                            beta_slow=float(params.get("beta_slow") or 1.0), **mscales)
+
+
+def _gpt_oss(p: Path, data: dict[str, Any], name: str) -> ModelSpec:
+    """GPT-OSS (OpenAI 2025): GQA with biases on q, k, v and o and a learned sink logit per head, windowed
+    and full-attention blocks alternating (``layer_types``), every block an MoE of ``intermediate_size``-wide
+    experts with biases, routed by a biased router (top-k logits, softmax over them). For planning: the
+    runtime's models compute none of the biases, sinks or windows (``ModelSpec.runtime_refusal``). Its
+    clamped SwiGLU (``swiglu_limit``, ``swiglu_alpha``) costs what SwiGLU costs and is held as ``silu``; its
+    YaRN RoPE (shapes and cost do not depend on it) is read, not kept. The training length is YaRN's
+    ``original_max_position_embeddings`` (the pretraining context), else ``max_position_embeddings``."""
+    family = "gpt_oss"
+    fields = {**_LLAMA, **{k: _MOE[k] for k in ("layer_types", "swiglu_limit", "swiglu_alpha")}}
+    _check(p, data, family, fields, _LLAMA_REQUIRED)
+    if data.get("mlp_bias") is True:
+        raise SpecError(f"{p}: mlp_bias: true is not supported ({_REFUSED_FLAGS[family]['mlp_bias']}); write false")
+    _require(p, data, "hidden_act", "silu")
+    get = lambda key: data.get(key, _ABSENT[family][key])  # noqa: E731
+    heads, layers = data["num_attention_heads"], data["num_hidden_layers"]
+    kv_heads = get("num_key_value_heads") or heads
+    _divides(p, "num_key_value_heads", kv_heads, "num_attention_heads", heads,
+             "each key/value head serves an equal group of query heads")
+    key, params, theta, rope_type = _rope_fields(p, data, _ROPE_YARN, "the model rotates the whole head")
+    if rope_type not in ("default", "yarn"):
+        raise SpecError(f"{p}: {key}.rope_type: {_show(rope_type)} is not GPT-OSS's (yarn); write \"yarn\"")
+    window = get("sliding_window")
+    bias = get("attention_bias")
+    return ModelSpec(
+        name=name, architecture="llama", num_layers=layers, hidden_size=data["hidden_size"],
+        ffn_hidden_size=data["intermediate_size"], num_attention_heads=heads, num_kv_heads=kv_heads,
+        vocab_size=data["vocab_size"],
+        seq_len=params.get("original_max_position_embeddings") or get("max_position_embeddings"),
+        tie_embeddings=bool(data.get("tie_word_embeddings", False)), dropout=float(data.get("attention_dropout", 0.0)),
+        rope_theta=theta, norm_eps=float(get("rms_norm_eps")), head_dim=get("head_dim") or data["hidden_size"] // heads,
+        qkv_bias=bias, o_bias=bias, attention_sinks=True, sliding_window=window,
+        full_attention_interval=_full_attention_interval(p, data, layers) if window else None,
+        moe=_moe(p, data, family, layers))
+
+
+def _full_attention_interval(p: Path, data: dict[str, Any], layers: int) -> int:
+    """The n with block i full-attention exactly when i % n == n - 1, from ``layer_types`` (GptOssConfig's
+    default when absent: windowed blocks first, alternating), or a one-line refusal of another pattern."""
+    kinds = data.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if len(kinds) != layers or any(k not in ("sliding_attention", "full_attention") for k in kinds):
+        raise SpecError(f"{p}: layer_types: {_show(kinds)} is not one of sliding_attention or full_attention per "
+                        f"block ({layers} blocks)")
+    full = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    interval = full[0] + 1 if full else 0
+    if interval < 2 or full != list(range(interval - 1, layers, interval)):
+        raise SpecError(f"{p}: layer_types: {_show(kinds)} is not windowed blocks with every n-th one full "
+                        "attention (n >= 2), which a ModelSpec expresses; write that pattern")
+    return interval

@@ -18,10 +18,14 @@ from autoplan.schema.moe import MLASpec, MoESpec
 Architecture = Literal["gpt", "llama"]
 MEGATRON_VOCAB_DIVISOR = 128
 """Megatron-LM's default ``--make-vocab-size-divisible-by``."""
-ACTIVATIONS: dict[str, tuple[str, ...]] = {"gpt": ("gelu", "gelu_tanh"), "llama": ("silu",)}
-"""The MLP activations each architecture's runtime model computes; the first is the default. ``gelu`` is
-the exact erf form, ``gelu_tanh`` the tanh approximation (Hugging Face's ``gelu_new`` and
-``gelu_pytorch_tanh``, GPT-2's); llama's ``silu`` is SwiGLU's gate."""
+ACTIVATIONS: dict[str, tuple[str, ...]] = {"gpt": ("gelu", "gelu_tanh"), "llama": ("silu", "relu2")}
+"""The MLP activations a spec of each architecture may have; the first is the default. ``gelu`` is the exact
+erf form, ``gelu_tanh`` the tanh approximation (Hugging Face's ``gelu_new`` and ``gelu_pytorch_tanh``,
+GPT-2's); llama's ``silu`` is SwiGLU's gate (three matrices), ``relu2`` the squared ReLU of a non-gated MLP
+(two matrices; Nemotron-4, So et al. 2021), which the planner prices and the runtime's llama does not
+compute (``runtime_refusal``)."""
+NON_GATED = ("gelu", "gelu_tanh", "relu2")
+"""Activations of a two-matrix MLP (up, then down); the others gate a third matrix."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,8 +109,21 @@ class ModelSpec:
     activation: str | None = None
     """The MLP activation (``ACTIVATIONS``); None means the architecture's default (``mlp_activation``)."""
     sliding_window: int | None = None
-    """Mistral's attention window in tokens (llama only). The runtime's attention is full causal, which is
-    the windowed attention exactly while the training sequence fits the window; a longer one is refused."""
+    """The attention window in tokens (llama only): each query sees itself and the window - 1 tokens before
+    it, in every block (Mistral) or in the blocks ``full_attention_interval`` leaves windowed (GPT-OSS).
+    The planner prices the window; the runtime's attention is full causal, which is the windowed attention
+    exactly while the training sequence fits the window, so ``autoplan run`` refuses a longer one
+    (plan.py ``window_refusal``)."""
+    full_attention_interval: int | None = None
+    """With ``sliding_window``: block i attends to the whole sequence when i % interval == interval - 1 and
+    through the window otherwise (GPT-OSS: 2, windowed blocks first; Hugging Face's ``layer_types``); None:
+    every block is windowed."""
+    o_bias: bool = False
+    """A bias on the attention's output projection (GPT-OSS; a llama config with ``attention_bias: true``
+    biases q, k, v and o). Planned; the runtime's llama has none (``runtime_refusal``)."""
+    attention_sinks: bool = False
+    """GPT-OSS's learned per-head sink logit in each block's softmax (one parameter per head). Planned; the
+    runtime's attention has none (``runtime_refusal``)."""
     moe: MoESpec | None = None
     """Mixture-of-Experts feed-forward layers (llama only): the blocks ``moe.is_moe_layer`` names have a
     router and experts instead of the dense SwiGLU MLP of ``ffn_hidden_size`` (which the other blocks keep,
@@ -143,7 +160,7 @@ class ModelSpec:
         (head_dim's depends on the spec), so that a model without the newer features serialises as before."""
         return {"head_dim": self._derived_head_dim(), "qkv_bias": False, "qk_norm": False, "rope_scaling": None,
                 "max_positions": None, "activation": None, "sliding_window": None, "moe": None, "mla": None,
-                "mtp_layers": 0}
+                "mtp_layers": 0, "full_attention_interval": None, "o_bias": False, "attention_sinks": False}
 
     def validate(self) -> None:
         require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
@@ -178,7 +195,8 @@ class ModelSpec:
             require(self.q_size == self.hidden_size, "head_dim",
                     f"{self.head_dim} x {self.num_attention_heads} heads is not hidden_size={self.hidden_size}; gpt "
                     "splits hidden_size into its heads: remove head_dim")
-            for field in ("qkv_bias", "qk_norm", "rope_scaling", "sliding_window", "moe", "mla"):
+            for field in ("qkv_bias", "qk_norm", "rope_scaling", "sliding_window", "moe", "mla",
+                          "full_attention_interval", "o_bias", "attention_sinks"):
                 require(getattr(self, field) in (False, None), field,
                         "is a llama feature (gpt has biases everywhere, learned positions, full attention); "
                         "remove it or use architecture: llama")
@@ -196,9 +214,12 @@ class ModelSpec:
         self._validate_moe_mla()
         for field in ("max_positions", "sliding_window"):
             require_range(self, field, 1, MAX_SEQ_LEN)
-            limit = getattr(self, field)
-            require(limit is None or self.seq_len <= limit, "seq_len",
-                    f"{self.seq_len} exceeds {field}={limit}; use a seq_len of at most {limit}")
+        require(self.max_positions is None or self.seq_len <= self.max_positions, "seq_len",
+                f"{self.seq_len} exceeds max_positions={self.max_positions}; use a seq_len of at most "
+                f"{self.max_positions}")
+        require_range(self, "full_attention_interval", 2, MAX_LAYERS)
+        require(self.full_attention_interval is None or self.sliding_window is not None, "full_attention_interval",
+                "needs sliding_window (the window of the other blocks); remove it for full attention everywhere")
 
     def _validate_moe_mla(self) -> None:
         for field in ("moe", "mla"):
@@ -261,8 +282,45 @@ class ModelSpec:
 
     @property
     def mlp_matrices(self) -> int:
-        """Weight matrices of size h x ffn in the MLP: 2 for GELU, 3 for SwiGLU (gate, up, down)."""
-        return 3 if self.architecture == "llama" else 2
+        """Weight matrices of size h x ffn in the MLP: 2 for a non-gated one (GELU, squared ReLU), 3 for
+        SwiGLU (gate, up, down)."""
+        return 2 if self.mlp_activation in NON_GATED else 3
+
+    def is_windowed(self, layer: int) -> bool:
+        """Block ``layer`` attends through ``sliding_window`` (module doc of the field)."""
+        if self.sliding_window is None:
+            return False
+        interval = self.full_attention_interval
+        return interval is None or layer % interval != interval - 1
+
+    def windowed_layers(self) -> int:
+        """How many of the ``num_layers`` blocks attend through the window."""
+        return sum(self.is_windowed(i) for i in range(self.num_layers))
+
+    def runtime_refusal(self) -> str | None:
+        """What of this spec the runtime's reference models (runtime/models) do not compute, as a phrase;
+        None if they compute all of it. The planner prices these; ``autoplan run`` refuses them in one line
+        rather than train another model than the spec says."""
+        parts = []
+        if self.mlp_activation == "relu2":
+            parts.append("a squared-ReLU MLP")
+        if self.o_bias:
+            parts.append("a bias on the attention output")
+        if self.attention_sinks:
+            parts.append("attention sinks")
+        if self.full_attention_interval is not None:
+            parts.append("windowed and full-attention blocks alternating")
+        if self.mla is not None:
+            parts.append("multi-head latent attention")
+        if self.mtp_layers:
+            parts.append("multi-token-prediction modules")
+        if self.moe is not None:
+            moe = self.moe
+            parts += [what for what, has in (("a router bias", moe.router_bias), ("expert biases", moe.expert_bias),
+                                             ("a shared-expert gate", moe.shared_expert_gate),
+                                             ("an expert capacity factor", moe.capacity_factor is not None),
+                                             ("dense blocks between MoE ones", moe.layer_frequency > 1)) if has]
+        return ", ".join(parts) if parts else None
 
     def position_rows(self, seq_len: int | None = None) -> int:
         """Rows of gpt's learned position table: max_positions, else the training sequence length
@@ -289,9 +347,10 @@ class ModelSpec:
         attn = h * q + 2 * h * kv + q * h  # q, k, v, o
         if self.architecture == "gpt":
             return attn + q + 2 * kv + h
-        biases = (q + 2 * kv) if self.qkv_bias else 0
+        biases = ((q + 2 * kv) if self.qkv_bias else 0) + (h if self.o_bias else 0)
         qk_norms = 2 * self.head_dim if self.qk_norm else 0
-        return attn + biases + qk_norms
+        sinks = self.num_attention_heads if self.attention_sinks else 0
+        return attn + biases + qk_norms + sinks
 
     def _dense_block_params(self) -> int:
         h, f = self.hidden_size, self.ffn_hidden_size

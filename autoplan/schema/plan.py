@@ -39,7 +39,7 @@ from autoplan.schema.model import ModelSpec
 from autoplan.schema.parallel_dims import ParallelDims
 from autoplan.schema.schedule import ZERO_BUBBLE, stage_rank
 from autoplan.schema.stack import DEFAULT_STACK, StackProfile
-from autoplan.schema.training import TrainingSetup
+from autoplan.schema.training import TrainingSetup, require_runnable_precision
 
 SCHEMA_VERSION = 1
 ScheduleKind = Literal["gpipe", "1f1b", "interleaved", "zb1p", "zbv", "dualpipev"]
@@ -280,17 +280,39 @@ def check_world_and_batch(layout: Layout, training: TrainingSetup, num_devices: 
 
 def sequence_refusal(model: ModelSpec, training: TrainingSetup) -> str | None:
     """Why the model cannot train on ``training.seq_len`` tokens per sequence (None: it can): gpt's learned
-    position table has ``max_positions`` rows, and a sliding window (Mistral) equals the runtime's full
-    causal attention only while the whole sequence fits in it."""
+    position table has ``max_positions`` rows."""
     s = training.seq_len
     if model.max_positions is not None and s > model.max_positions:
         return (f"{s} tokens exceed the model's max_positions={model.max_positions} (the rows of its learned "
                 f"position table); train with --seq-len {model.max_positions} or less")
-    if model.sliding_window is not None and s > model.sliding_window:
-        return (f"{s} tokens exceed the model's sliding_window={model.sliding_window}, and the runtime's attention "
-                f"is full causal (equal to the windowed one only within the window); train with --seq-len "
-                f"{model.sliding_window} or less")
     return None
+
+
+def window_refusal(model: ModelSpec, training: TrainingSetup) -> str | None:
+    """Why the runtime cannot train the model on ``training.seq_len`` tokens (None: it can): a sliding
+    window (Mistral, GPT-OSS) equals the runtime's full causal attention only while the whole sequence fits
+    in it. The planner prices the window at any length (a plan for another stack, ``autoplan export``)."""
+    s, window = training.seq_len, model.sliding_window
+    if window is not None and s > window:
+        return (f"{s} tokens exceed the model's sliding_window={window}, and the runtime's attention is full "
+                f"causal (equal to the windowed one only within the window); train with --seq-len {window} or "
+                "less")
+    return None
+
+
+def require_runnable(plan: "Plan | ModulePlan") -> None:
+    """The one-line refusal ``autoplan run``/``eval`` (and every rank, runtime/validate.py) give for a plan
+    the runtime cannot execute as planned: a planner-only precision, a model feature the runtime's reference
+    models do not compute (``ModelSpec.runtime_refusal``), a sequence longer than the model's window."""
+    require_runnable_precision(plan.training)
+    if isinstance(plan, ModulePlan):
+        return
+    unbuilt = plan.model.runtime_refusal()
+    require(unbuilt is None, "model", f"{plan.model.name} has {unbuilt}, which the planner prices and the runtime's "
+            "models do not compute; export the plan to a stack that does (autoplan export --to megatron) or plan "
+            "a model without them")
+    reason = window_refusal(plan.model, plan.training)
+    require(reason is None, "seq_len", reason or "")
 
 
 def context_parallel_refusal(cp: int, model: ModelSpec, training: TrainingSetup) -> str | None:
@@ -337,6 +359,13 @@ class TimeBreakdown:
     cp_comm_s: float = 0.0
     """Context parallelism: the ring's K/V (and, in backward, dK/dV) exchange not hidden behind the
     attention kernels."""
+    ep_comm_s: float = 0.0
+    """Expert parallelism (MoE): the token dispatch and combine all-to-alls not hidden behind compute, forward,
+    backward and recomputed forwards (cost/stage_table.py ``layer_times``)."""
+
+    def defaults_omitted(self) -> dict[str, Any]:
+        """Terms added later, left out of files at 0 so plans without them are written as before."""
+        return {"ep_comm_s": 0.0}
 
 
 @dataclass(frozen=True)
@@ -360,6 +389,14 @@ class MemoryBreakdown:
     has room (the stack's ``allocator_cache``), at most the device's memory. Compare with
     ``torch.cuda.max_memory_reserved`` (torchtitan logs it); ``total_gib`` with ``max_memory_allocated``
     plus the reserve. 0 in plans written before the field existed."""
+    expert_states_gib: float = 0.0
+    """Mixture of Experts: the routed experts' weights, gradients and optimizer state on the rank (sharded by ZeRO
+    over the experts' data-parallel group edp, cost/stage_table.py); ``weights_gib``, ``gradients_gib`` and
+    ``optimizer_gib`` are then the other parameters' only. 0 for a dense model."""
+
+    def defaults_omitted(self) -> dict[str, Any]:
+        """Fields added later, left out of files at 0 so plans without them are written as before."""
+        return {"expert_states_gib": 0.0}
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import json
 import pytest
 
 from autoplan.errors import SpecError
-from autoplan.schema import Layout, Stage, check_fits, load_model
+from autoplan.schema import Layout, Stage, check_fits, load_cluster, load_model
 from autoplan.schema._io import dump_yaml, from_dict, to_dict
 from autoplan.schema.hf_config import spec_from_hf_config
 from autoplan.schema.io import shipped_names
 from autoplan.schema.model import ModelSpec, RopeScaling
-from autoplan.schema.plan import sequence_refusal
+from autoplan.schema.plan import LAYOUT_FIELDS, Plan, require_runnable, sequence_refusal, window_refusal
 from autoplan.schema.training import TrainingSetup
 
 OLD_KEYS = ["name", "architecture", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -100,7 +100,9 @@ REFUSED = {
     "rope factor below 1": (dict(rope_scaling=dataclasses.replace(LLAMA3, factor=0.5)), "rope_scaling.factor"),
     "rope low >= high": (dict(rope_scaling=dataclasses.replace(LLAMA3, low_freq_factor=4.0)),
                          "rope_scaling.low_freq_factor"),
-    "seq_len past the window": (dict(sliding_window=32), "seq_len: 64 exceeds sliding_window=32"),
+    "full-attention interval without a window": (dict(full_attention_interval=2), "full_attention_interval"),
+    "full-attention interval of 1": (dict(sliding_window=32, full_attention_interval=1), "full_attention_interval"),
+    "gpt with an o bias": (dict(architecture="gpt", o_bias=True), "o_bias"),
     "hidden not divisible without head_dim": (dict(hidden_size=66, head_dim=None), "hidden_size"),
 }
 
@@ -124,15 +126,19 @@ def test_rope_type_other_than_llama3_is_refused_in_yaml(tmp_path):
         from_dict(ModelSpec, data)
 
 
-def test_training_longer_than_the_positions_or_the_window_is_refused():
+def test_training_longer_than_the_positions_is_refused_and_past_the_window_only_run_refuses():
     """A plan (Plan.validate and the runtime's check both call check_fits) may not train past gpt's
-    position table or Mistral's window."""
+    position table. Past Mistral's window it may: the planner prices the window (another stack runs it), and
+    only `autoplan run`/`eval` and the ranks refuse it (``require_runnable``), the runtime's attention being
+    full causal."""
     gpt = dataclasses.replace(load_model("gpt-tiny"), max_positions=32)
     training = TrainingSetup(global_batch_size=8, seq_len=64)
     assert "max_positions=32" in sequence_refusal(gpt, training)
     assert sequence_refusal(gpt, dataclasses.replace(training, seq_len=32)) is None
     window = dataclasses.replace(load_model("llama-tiny"), sliding_window=16, seq_len=16)
-    assert "sliding_window=16" in sequence_refusal(window, training)
+    assert sequence_refusal(window, training) is None
+    assert "sliding_window=16" in window_refusal(window, training)
+    assert window_refusal(window, dataclasses.replace(training, seq_len=16)) is None
     layout = Layout(tp=1, pp=1, dp=1, sequence_parallel=False, zero_stage=0, offload_optimizer=False,
                     schedule="gpipe", virtual_stages=1, micro_batch_size=1, num_microbatches=8,
                     stages=(Stage(index=0, rank=0, layers=(0, gpt.num_layers)),))
@@ -141,8 +147,37 @@ def test_training_longer_than_the_positions_or_the_window_is_refused():
     with pytest.raises(SpecError, match=refusal) as err:
         check_fits(layout, gpt, training, None)
     assert "\n" not in str(err.value)
-    with pytest.raises(SpecError, match="seq_len: 64 tokens exceed the model's sliding_window=16"):
-        check_fits(layout, window, training, None)
+    check_fits(layout, window, training, None)
+    cluster = load_cluster("cpu-local")
+    plan = Plan(**{f: getattr(layout, f) for f in LAYOUT_FIELDS}, model=window, cluster=cluster, training=training)
+    with pytest.raises(SpecError, match="seq_len: 64 tokens exceed the model's sliding_window=16") as err:
+        require_runnable(plan)
+    assert "\n" not in str(err.value)
+    require_runnable(dataclasses.replace(plan, training=dataclasses.replace(training, seq_len=16)))
+
+
+def test_what_only_the_planner_prices_is_refused_by_run():
+    """Nemotron-4's squared-ReLU MLP (two matrices), GPT-OSS's o bias, sinks and alternating windows: a spec
+    holds them and counts them; `autoplan run` refuses them in one line naming the model."""
+    base = load_model("llama-tiny")
+    relu2 = dataclasses.replace(base, activation="relu2")
+    assert relu2.mlp_matrices == 2 and base.mlp_matrices == 3
+    h, f = base.hidden_size, base.ffn_hidden_size
+    assert base.layer_params() - relu2.layer_params() == h * f
+    oss = dataclasses.replace(base, o_bias=True, attention_sinks=True, sliding_window=8, full_attention_interval=2)
+    assert oss.layer_params() - base.layer_params() == h + base.num_attention_heads
+    assert [oss.is_windowed(i) for i in range(4)] == [True, False, True, False]
+    assert oss.windowed_layers() == oss.num_layers // 2
+    layout = Layout(tp=1, pp=1, dp=1, sequence_parallel=False, zero_stage=0, offload_optimizer=False,
+                    schedule="gpipe", virtual_stages=1, micro_batch_size=1, num_microbatches=8,
+                    stages=(Stage(index=0, rank=0, layers=(0, base.num_layers)),))
+    training = TrainingSetup(global_batch_size=8, seq_len=8)
+    for spec, phrase in ((relu2, "squared-ReLU"), (oss, "attention sinks")):
+        plan = Plan(**{f: getattr(layout, f) for f in LAYOUT_FIELDS}, model=spec, cluster=load_cluster("cpu-local"),
+                    training=training)
+        with pytest.raises(SpecError, match=f"model: .*{phrase}") as err:
+            require_runnable(plan)
+        assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("command", ["plan", "estimate"])
