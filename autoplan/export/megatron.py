@@ -17,6 +17,15 @@ What maps how:
 * Recomputation: ``selective`` for every block (the attention core), or ``full`` with
   ``--recompute-method block --recompute-num-layers k``: the first k blocks of every (virtual) stage, the
   plan's own placement. Stages recomputing different counts, or mixing the two, are refused with the nearest.
+* Mixture of Experts (Megatron-Core's MoE layer, alltoall dispatcher with grouped GEMMs): experts, top-k,
+  expert and shared widths, the leading dense blocks as a ``--moe-layer-freq`` pattern, the router's score
+  function (softmax: top-k then softmax over them, ``--moe-router-pre-softmax`` where the spec does not
+  renormalise; sigmoid: DeepSeek-V3's aux-loss-free expert bias), its scaling factor and load-balancing
+  loss, ep and etp (``expert_model_parallel_size``, ``expert_tensor_parallel_size``); multi-head latent
+  attention's ranks and head widths; the multi-token-prediction modules; squared ReLU; Qwen's q/k/v biases,
+  per-head q/k norms and decoupled head width (``--add-qkv-bias``, ``--qk-layernorm``, ``--kv-channels``).
+  Llama 3.1's RoPE scaling, biases on the router, experts or attention output, attention sinks and sliding
+  windows are refused (not written).
 * The stack: a plan priced with tensor-parallel overlap (the ``megatron`` stack's fitted
   ``tp_comm_overlap``, NeMo's Transformer Engine user buffers) adds ``--tp-comm-overlap``.
 """
@@ -62,6 +71,12 @@ def _model_arguments(plan: Plan) -> list[Argument]:
             _arg("--hidden-size", m.hidden_size, f"{TRANSFORMER}.hidden_size"),
             _arg("--ffn-hidden-size", m.ffn_hidden_size, f"{TRANSFORMER}.ffn_hidden_size"),
             _arg("--num-attention-heads", m.num_attention_heads, f"{TRANSFORMER}.num_attention_heads")]
+    if m.q_size != m.hidden_size and m.mla is None:  # Qwen3: heads of their own width
+        args.append(_arg("--kv-channels", m.head_dim, f"{TRANSFORMER}.kv_channels"))
+    if m.qkv_bias:  # Qwen2: biases on q, k and v only
+        args.append(_arg("--add-qkv-bias", None, f"{TRANSFORMER}.add_qkv_bias"))
+    if m.qk_norm:  # Qwen3: the block's normalization (RMSNorm) over each head of q and k
+        args.append(_arg("--qk-layernorm", None, f"{TRANSFORMER}.qk_layernorm"))
     if m.num_kv_heads != m.num_attention_heads:
         args += [_arg("--group-query-attention", None, None, "switches num_query_groups on"),
                  _arg("--num-query-groups", m.num_kv_heads, f"{TRANSFORMER}.num_query_groups")]
@@ -72,8 +87,9 @@ def _model_arguments(plan: Plan) -> list[Argument]:
              _arg("--attention-dropout", m.dropout, f"{TRANSFORMER}.attention_dropout"),
              _arg("--norm-epsilon", m.norm_eps, f"{TRANSFORMER}.layernorm_epsilon")]
     if m.architecture == "llama":
-        args += [_arg("--normalization", "RMSNorm", f"{TRANSFORMER}.normalization"),
-                 _arg("--swiglu", None, f"{TRANSFORMER}.gated_linear_unit"),
+        activation = ([_arg("--squared-relu", None, f"{TRANSFORMER}.activation_func")] if m.mlp_activation == "relu2"
+                      else [_arg("--swiglu", None, f"{TRANSFORMER}.gated_linear_unit")])
+        args += [_arg("--normalization", "RMSNorm", f"{TRANSFORMER}.normalization"), *activation,
                  _arg("--disable-bias-linear", None, f"{TRANSFORMER}.add_bias_linear"),
                  _arg("--position-embedding-type", "rope", None, GPT_MODEL),
                  _arg("--rotary-base", int(m.rope_theta) if m.rope_theta == int(m.rope_theta) else m.rope_theta,
@@ -83,6 +99,83 @@ def _model_arguments(plan: Plan) -> list[Argument]:
                  _arg("--position-embedding-type", "learned_absolute", None, GPT_MODEL)]
     if not m.tie_embeddings:
         args.append(_arg("--untie-embeddings-and-output-weights", None, None, GPT_MODEL))
+    return args + _mla_arguments(plan) + _moe_arguments(plan)
+
+
+def _mla_arguments(plan: Plan) -> list[Argument]:
+    """Multi-head latent attention (megatron/core/transformer/multi_latent_attention.py): Megatron's
+    ``qk_head_dim`` is the part without RoPE, ``qk_pos_emb_head_dim`` the rotated part; YaRN's numbers."""
+    m = plan.model
+    if m.mla is None:
+        return []
+    mla, mcfg = m.mla, "MLATransformerConfig"
+    args = [_arg("--multi-latent-attention", None, f"{TRANSFORMER}.multi_latent_attention"),
+            _arg("--kv-lora-rank", mla.kv_lora_rank, f"{mcfg}.kv_lora_rank"),
+            _arg("--qk-head-dim", mla.qk_nope_head_dim, f"{mcfg}.qk_head_dim"),
+            _arg("--qk-pos-emb-head-dim", mla.qk_rope_head_dim, f"{mcfg}.qk_pos_emb_head_dim"),
+            _arg("--v-head-dim", mla.v_head_dim, f"{mcfg}.v_head_dim")]
+    if mla.q_lora_rank is not None:
+        args.append(_arg("--q-lora-rank", mla.q_lora_rank, f"{mcfg}.q_lora_rank"))
+    yarn = mla.rope_scaling
+    if yarn is not None:
+        args += [_arg("--rope-type", "yarn", f"{mcfg}.rope_type"),
+                 _arg("--rotary-scaling-factor", yarn.factor, f"{mcfg}.rotary_scaling_factor"),
+                 _arg("--original-max-position-embeddings", yarn.original_max_position_embeddings,
+                      f"{mcfg}.original_max_position_embeddings"),
+                 _arg("--beta-fast", yarn.beta_fast, f"{mcfg}.beta_fast"),
+                 _arg("--beta-slow", yarn.beta_slow, f"{mcfg}.beta_slow")]
+        args += [_arg(f"--{k.replace('_', '-')}", v, f"{mcfg}.{k}") for k, v in
+                 (("mscale", yarn.mscale), ("mscale_all_dim", yarn.mscale_all_dim)) if v is not None]
+    return args
+
+
+def _layer_pattern(plan: Plan) -> str:
+    """The MoE blocks as ``--moe-layer-freq``'s Python list expression (1: MoE, 0: dense), runs joined."""
+    kinds = [int(plan.model.is_moe_block(i)) for i in range(plan.model.num_layers)]
+    runs: list[list[int]] = []
+    for k in kinds:
+        if runs and runs[-1][0] == k:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1])
+    return "(" + "+".join(f"[{k}]*{n}" for k, n in runs) + ")"
+
+
+def _moe_arguments(plan: Plan) -> list[Argument]:
+    """The MoE layers, their router and the expert parallel sizes (megatron/core/transformer/moe/)."""
+    m = plan.model
+    args = []
+    if m.mtp_layers:
+        args.append(_arg("--mtp-num-layers", m.mtp_layers, f"{TRANSFORMER}.mtp_num_layers"))
+    if m.moe is None:
+        return args
+    moe = m.moe
+    args += [_arg("--num-experts", moe.num_experts, f"{TRANSFORMER}.num_moe_experts"),
+             _arg("--moe-router-topk", moe.experts_per_token, f"{TRANSFORMER}.moe_router_topk"),
+             _arg("--moe-ffn-hidden-size", moe.expert_ffn_size, f"{TRANSFORMER}.moe_ffn_hidden_size"),
+             _arg("--moe-layer-freq", f'"{_layer_pattern(plan)}"', f"{TRANSFORMER}.moe_layer_freq"),
+             _arg("--moe-router-score-function", moe.router, f"{TRANSFORMER}.moe_router_score_function"),
+             _arg("--moe-token-dispatcher-type", "alltoall", f"{TRANSFORMER}.moe_token_dispatcher_type"),
+             _arg("--moe-grouped-gemm", None, f"{TRANSFORMER}.moe_grouped_gemm")]
+    if moe.shared_width:
+        args.append(_arg("--moe-shared-expert-intermediate-size", moe.shared_width,
+                         f"{TRANSFORMER}.moe_shared_expert_intermediate_size"))
+    if moe.shared_expert_gate:
+        args.append(_arg("--moe-shared-expert-gate", None, f"{TRANSFORMER}.moe_shared_expert_gate"))
+    if moe.router == "softmax" and not moe.normalize_top_k:  # softmax over every expert, then top-k, kept as is
+        args.append(_arg("--moe-router-pre-softmax", None, f"{TRANSFORMER}.moe_router_pre_softmax"))
+    if moe.router == "sigmoid":  # DeepSeek-V3: top-k on score + a per-expert bias balanced without a loss
+        args.append(_arg("--moe-router-enable-expert-bias", None, f"{TRANSFORMER}.moe_router_enable_expert_bias"))
+    if moe.routed_scaling_factor != 1.0:
+        args.append(_arg("--moe-router-topk-scaling-factor", moe.routed_scaling_factor,
+                         f"{TRANSFORMER}.moe_router_topk_scaling_factor"))
+    balance = "aux_loss" if moe.aux_loss_coefficient > 0 else "none"
+    args.append(_arg("--moe-router-load-balancing-type", balance, f"{TRANSFORMER}.moe_router_load_balancing_type"))
+    if moe.aux_loss_coefficient > 0:
+        args.append(_arg("--moe-aux-loss-coeff", moe.aux_loss_coefficient, f"{TRANSFORMER}.moe_aux_loss_coeff"))
+    if moe.capacity_factor is not None:
+        args.append(_arg("--moe-expert-capacity-factor", moe.capacity_factor,
+                         f"{TRANSFORMER}.moe_expert_capacity_factor"))
     return args
 
 
@@ -130,9 +223,12 @@ def _recompute_arguments(plan: Plan) -> list[Argument]:
 def megatron_arguments(plan: Plan) -> list[Argument]:
     """The plan as Megatron-LM arguments; ``ExportError`` names what Megatron cannot express."""
     t, m = plan.training, plan.model
-    unwritten = [f for f, used in (("qkv_bias", m.qkv_bias), ("qk_norm", m.qk_norm),
-                                   ("rope_scaling", m.rope_scaling is not None),
-                                   ("head_dim", m.q_size != m.hidden_size),
+    unwritten = [f for f, used in (("rope_scaling", m.rope_scaling is not None), ("o_bias", m.o_bias), ("attention_sinks", m.attention_sinks),
+                                   ("sliding_window", m.sliding_window is not None),
+                                   ("moe.router_bias", m.moe is not None and m.moe.router_bias),
+                                   ("moe.expert_bias", m.moe is not None and m.moe.expert_bias),
+                                   ("moe.normalize_top_k", m.moe is not None and m.moe.router == "sigmoid"
+                                    and not m.moe.normalize_top_k),
                                    ("activation", m.mlp_activation == "gelu_tanh"),
                                    ("max_positions", m.position_rows(t.seq_len) != t.seq_len)) if used]
     if unwritten:  # _model_arguments writes none of them: Megatron would build another model
@@ -148,6 +244,9 @@ def megatron_arguments(plan: Plan) -> list[Argument]:
     args += [_arg("--tensor-model-parallel-size", plan.tp, f"{PARALLEL}.tensor_model_parallel_size"),
              _arg("--pipeline-model-parallel-size", plan.pp, f"{PARALLEL}.pipeline_model_parallel_size"),
              _arg("--context-parallel-size", plan.cp, f"{PARALLEL}.context_parallel_size")]
+    if plan.model.moe is not None:  # Megatron folds ep x etp into the same ranks (schema/parallel_dims.py)
+        args += [_arg("--expert-model-parallel-size", plan.ep, f"{PARALLEL}.expert_model_parallel_size"),
+                 _arg("--expert-tensor-parallel-size", plan.etp, f"{PARALLEL}.expert_tensor_parallel_size")]
     if plan.sequence_parallel:
         args.append(_arg("--sequence-parallel", None, f"{PARALLEL}.sequence_parallel"))
     if plan.schedule == "interleaved":

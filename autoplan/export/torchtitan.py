@@ -95,11 +95,16 @@ def torchtitan_toml(plan: Plan) -> str:
     if m.architecture != "llama":
         raise ExportError(f"model.architecture: torchtitan trains Llama-architecture models (llama3), not "
                           f"{m.architecture!r}; plan a llama model, or run this plan with autoplan run")
-    unwritten = [f for f in ("qkv_bias", "qk_norm", "rope_scaling") if getattr(m, f)] + (
-        ["head_dim"] if m.q_size != m.hidden_size else [])
+    unwritten = [f for f in ("moe", "mla", "mtp_layers", "qkv_bias", "qk_norm", "rope_scaling", "o_bias",
+                             "attention_sinks", "sliding_window") if getattr(m, f)] + (
+        ["head_dim"] if m.q_size != m.hidden_size else []) + (["activation"] if m.mlp_activation != "silu" else [])
+    if unwritten and unwritten[0] in ("moe", "mla", "mtp_layers"):  # torchtitan's MoE models take other flavors
+        raise ExportError(f"model.{unwritten[0]}: this export writes torchtitan's dense llama3 model; export the "
+                          "MoE plan with --to megatron (experts, routing, MLA and ep/etp written)")
     if unwritten:  # the llama3 model args written below have no field for them: they would be dropped
         raise ExportError(f"model.{unwritten[0]}: this export writes torchtitan's llama3 model, which has no "
-                          f"{unwritten[0]} (a Qwen or Llama 3.1 feature); run this plan with autoplan run")
+                          f"{unwritten[0]} (a Qwen, Llama 3.1, GPT-OSS or Nemotron feature); run this plan with "
+                          "autoplan run where its runtime has it")
     if plan.zero_stage == 1:
         raise ExportError("zero_stage: torchtitan has no ZeRO-1 (FSDP2 shards gradients too); nearest: "
                           "--zero-stage 2 (data_parallel_shard_degree with fsdp_reshard_after_forward = \"never\")")

@@ -140,7 +140,8 @@ def _core_fields() -> dict[str, set[str]]:
     wanted = {"TransformerConfig": "megatron/core/transformer/transformer_config.py",
               "ModelParallelConfig": "megatron/core/model_parallel_config.py",
               "DistributedDataParallelConfig": "megatron/core/distributed/distributed_data_parallel_config.py",
-              "OptimizerConfig": "megatron/core/optimizer/optimizer_config.py"}
+              "OptimizerConfig": "megatron/core/optimizer/optimizer_config.py",
+              "MLATransformerConfig": "megatron/core/transformer/transformer_config.py"}
     by_path = {str(f): f for f in files}
     fields: dict[str, set[str]] = {}
     for cls, rel in wanted.items():
@@ -148,6 +149,7 @@ def _core_fields() -> dict[str, set[str]]:
         node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
         fields[cls] = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
     fields["TransformerConfig"] |= fields["ModelParallelConfig"]  # TransformerConfig(ModelParallelConfig)
+    fields["MLATransformerConfig"] |= fields["TransformerConfig"]
     return fields
 
 
@@ -166,6 +168,7 @@ def test_megatron_arguments_name_real_core_config_fields(tmp_path, name):
         assert field in fields[cls], a
         # the flag is the field's name with dashes, or one of Megatron-LM's documented renames
         renames = {"--norm-epsilon": "layernorm_epsilon", "--swiglu": "gated_linear_unit",
+                   "--num-experts": "num_moe_experts", "--squared-relu": "activation_func",
                    "--disable-bias-linear": "add_bias_linear", "--fp8-format": "fp8",
                    "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size",
                    "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
@@ -195,13 +198,17 @@ def test_megatron_uneven_first_and_last_stages(tmp_path):
         megatron_arguments(plan)
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(qk_norm=True), "model.qk_norm"), (dict(qkv_bias=True), "model.qkv_bias"),
-    (dict(head_dim=64), "model.head_dim"),
-    (dict(rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": 8192}), "model.rope_scaling")])
-def test_hugging_face_features_the_exports_do_not_write_are_refused(tmp_path, change, field):
-    """Neither export writes Qwen's or Llama 3.1's extras: each refuses in one line rather than drop them."""
+QWEN_AND_LLAMA31 = [(dict(qk_norm=True), "model.qk_norm", "--qk-layernorm"),
+                    (dict(qkv_bias=True), "model.qkv_bias", "--add-qkv-bias"),
+                    (dict(head_dim=64), "model.head_dim", "--kv-channels"),
+                    (dict(rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 8192}), "model.rope_scaling", None)]
+
+
+@pytest.mark.parametrize("change, field, megatron_flag", QWEN_AND_LLAMA31)
+def test_hugging_face_features_the_exports_do_not_write_are_refused(tmp_path, change, field, megatron_flag):
+    """torchtitan's llama3 has none of Qwen's or Llama 3.1's extras: refused in one line rather than dropped.
+    Megatron writes Qwen's (--qk-layernorm, --add-qkv-bias, --kv-channels) and refuses Llama 3.1's RoPE."""
     from autoplan.schema._io import from_dict, to_dict
     from autoplan.schema.plan import Plan
 
@@ -209,7 +216,61 @@ def test_hugging_face_features_the_exports_do_not_write_are_refused(tmp_path, ch
     data = to_dict(plan)
     data["model"] |= change
     changed = from_dict(Plan, data)
-    for export in (megatron_arguments, torchtitan_toml):
+    exports = (torchtitan_toml,) if megatron_flag else (megatron_arguments, torchtitan_toml)
+    for export in exports:
         with pytest.raises(ExportError, match=f"^{field}: ") as err:
             export(changed)
         assert "\n" not in str(err.value)
+    if megatron_flag:
+        values = {a.flag: a.value for a in megatron_arguments(changed)}
+        assert megatron_flag in values and values.get("--kv-channels") in (None, "64")
+
+
+def _moe_plan(model: str, **layout):
+    """A plan for a shipped MoE model built by hand (the layout's fields; even stages, no recomputation)."""
+    from autoplan.schema import Plan, TrainingSetup, load_cluster, load_model
+
+    spec, fields = load_model(model), dict(tp=1, pp=1, dp=8, cp=1, ep=8, etp=1, sequence_parallel=False,
+                                           zero_stage=1, offload_optimizer=False, schedule="1f1b", virtual_stages=1,
+                                           micro_batch_size=1, num_microbatches=1) | layout
+    per = spec.num_layers // fields["pp"]
+    bounds = [i * per for i in range(fields["pp"])] + [spec.num_layers]
+    stages = tuple(Stage(i, i, (bounds[i], bounds[i + 1])) for i in range(fields["pp"]))
+    world = fields["tp"] * fields["pp"] * fields["dp"]
+    cluster = dataclasses.replace(load_cluster("dgx-h100-80gb"), num_nodes=world // 8)
+    return Plan(**fields, stages=stages, model=spec, cluster=cluster,
+                training=TrainingSetup(global_batch_size=fields["dp"] * fields["num_microbatches"], seq_len=4096))
+
+
+def test_megatron_arguments_of_moe_plans_name_real_core_config_fields():
+    """DeepSeek-V3 (MLA, 3 dense blocks, sigmoid routing with expert bias, shared expert, MTP) and Qwen3-30B-A3B
+    (softmax routing, aux loss) as Megatron arguments: every field exists in the installed megatron-core, and
+    the values are the spec's."""
+    fields = _core_fields()
+    deepseek = megatron_arguments(_moe_plan("deepseek-v3", tp=2, sequence_parallel=True, dp=32, ep=64,
+                                            num_microbatches=1))
+    qwen = megatron_arguments(_moe_plan("qwen3-30b-a3b", ep=8, etp=1))
+    for args in (deepseek, qwen):
+        for a in args:
+            if a.field is not None:
+                cls, field = a.field.split(".")
+                assert field in fields[cls], a
+    d, q = {a.flag: a.value for a in deepseek}, {a.flag: a.value for a in qwen}
+    assert (d["--num-experts"], d["--moe-router-topk"], d["--moe-ffn-hidden-size"]) == ("256", "8", "2048")
+    assert d["--moe-layer-freq"] == '"([0]*3+[1]*58)"' and d["--mtp-num-layers"] == "1"
+    assert d["--moe-router-score-function"] == "sigmoid" and "--moe-router-enable-expert-bias" in d
+    assert d["--moe-router-topk-scaling-factor"] == "2.5" and d["--moe-shared-expert-intermediate-size"] == "2048"
+    assert (d["--expert-model-parallel-size"], d["--expert-tensor-parallel-size"]) == ("64", "1")
+    assert (d["--kv-lora-rank"], d["--q-lora-rank"], d["--qk-head-dim"], d["--qk-pos-emb-head-dim"]) == \
+        ("512", "1536", "128", "64")
+    assert q["--moe-router-score-function"] == "softmax" and q["--moe-router-load-balancing-type"] == "aux_loss"
+    assert "--moe-router-pre-softmax" not in q and q["--moe-layer-freq"] == '"([1]*48)"'
+
+
+def test_what_megatron_or_torchtitan_cannot_take_of_an_moe_plan_is_refused():
+    plan = _moe_plan("qwen3-30b-a3b", ep=8)
+    with pytest.raises(ExportError, match="model.moe: .*export the MoE plan with --to megatron"):
+        torchtitan_toml(plan)
+    moe = dataclasses.replace(plan.model.moe, router_bias=True)
+    with pytest.raises(ExportError, match="model.moe.router_bias"):
+        megatron_arguments(dataclasses.replace(plan, model=dataclasses.replace(plan.model, moe=moe)))
