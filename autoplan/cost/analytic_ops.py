@@ -14,6 +14,12 @@ tensors every TP rank holds in full, r = 1/t under sequence parallelism and 1 ot
     residual after the MLP       reads the MLP output and the residual, writes  3 H r
     residual dropouts            a 1-byte mask each, written                    s b h r each
 
+Mixture-of-Experts blocks, multi-head latent attention and the multi-token-prediction modules are built by
+cost/moe_ops.py from parts (attention, dense SwiGLU, router and routed experts, shared experts) that add up;
+a dense block of such a model with GQA is this module's ``block_ops`` itself. ``analytic_workload`` gives an MoE
+model's MoE block as ``block``, its leading dense block as ``dense_block`` and folds the MTP modules into the
+head; interleaved dense and MoE blocks (``moe.layer_frequency`` > 1) are refused.
+
 Context parallelism (cp > 1, flash attention only): every layer is built for the whole sequence and then
 split by ``layer_ops.shard_sequence`` (token-linear quantities / cp, the attention core's 1/cp share); a
 block adds its ring attention's K/V exchange and merges (cost/context_parallel.py).
@@ -60,7 +66,8 @@ from dataclasses import dataclass, replace
 from autoplan.cost import activations as act
 from autoplan.cost.activations import SavedBytes, elem_bytes
 from autoplan.cost.context_parallel import ring_exchange
-from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, shard_sequence
+from autoplan.cost.flops import attended_keys
+from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, layer_cost, shard_sequence
 from autoplan.cost.workload import LayerSplit, Workload, build_workload
 from autoplan.schema import Cluster, ModelSpec, StackProfile, TrainingSetup
 
@@ -148,7 +155,7 @@ def block_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stac
              *mlp_in, Gemm(tokens, h, f // tp))
     r = 1 / split.hidden_shards
     hidden, ffn = e * tokens * h, e * tokens * f / tp
-    elementwise = (2 + 4 + 3) * hidden * r + (3 if model.architecture == "llama" else 2) * ffn
+    elementwise = (2 + 4 + 3) * hidden * r + (3 if model.mlp_matrices == 3 else 2) * ffn
     kernels = 4
     if model.architecture == "llama":
         elementwise += 2 * e * tokens * (q + kv) / tp
@@ -165,7 +172,7 @@ def block_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stac
     # added after their all-reduce) stay whole on every TP rank; everything else is split
     replicated = 2 * h + (2 * model.head_dim if model.qk_norm else 0) if model.architecture == "llama" else 6 * h
     core = AttentionCore(split.micro_batch_size, model.num_attention_heads / tp, training.seq_len, model.head_dim,
-                         model.dropout > 0)
+                         model.dropout > 0, keys=attended_keys(model, training.seq_len))
     return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
                     elementwise_bytes=elementwise, elementwise_kernels=kernels,
                     saved=act.block_saved_bytes(model, split, training), tp_fwd=fwd, tp_bwd=bwd,
@@ -302,15 +309,37 @@ def head_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> La
 
 def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetup, split: LayerSplit,
                       stack: StackProfile) -> Workload:
-    """A spec's per-layer costs for one split on ``cluster`` as ``stack`` runs them."""
+    """A spec's per-layer costs for one split on ``cluster`` as ``stack`` runs them. An MoE model's ``block``
+    is one MoE block and its leading dense blocks are ``dense_block`` (``dense_layers`` of them); MLA blocks
+    and the multi-token-prediction modules (folded into the head, which the last stage runs) are
+    cost/moe_ops.py's."""
     tp, cp = split.tp, split.cp
     vocab = model.padded_vocab_size(tp)
     tokens = split.micro_batch_size * training.seq_len
-    return build_workload(
-        embedding_ops(model, split, training), block_ops(model, split, training, stack), head_ops(model, split, training),
+    from autoplan.cost import moe_ops as moe  # built on this module's layers
+
+    moe.refuse_unpriced(model)
+    layered = model.moe is not None or model.mla is not None
+    block = moe.any_block_ops(model.num_layers - 1, model, split, training, stack) if layered \
+        else block_ops(model, split, training, stack)
+    head = head_ops(model, split, training)
+    if model.mtp_layers:
+        last = model.is_moe_block(model.num_layers - 1)
+        head = moe.merge(head, *(moe.mtp_ops(i, model, split, training, stack,
+                                             block if model.is_moe_block(model.num_layers + i) == last else None)
+                                 for i in range(model.mtp_layers)))
+    workload = build_workload(
+        embedding_ops(model, split, training), block, head,
         num_layers=model.num_layers, split=split, cluster=cluster, training=training, stack=stack,
-        tied_copy_params=vocab * model.hidden_size / tp if model.tie_embeddings else 0.0,
+        # the MTP modules embed the shifted tokens on the last stage: Megatron's GPTModel builds the embedding
+        # there too (``mtp_process``) and reduces its gradient with the first stage's, as for a tied one
+        tied_copy_params=vocab * model.hidden_size / tp if model.tie_embeddings or model.mtp_layers else 0.0,
         output_bytes=act.stage_output_bytes(model, split, training) / cp,
         logits_transient_bytes=act.logits_transient_bytes(tokens, tp, elem_bytes(training.activation_precision),
                                                           vocab) / cp,
     )
+    dense = model.moe.first_dense_layers if model.moe is not None else 0
+    if not dense:
+        return workload
+    dense_block = layer_cost(moe.dense_block_ops(model, split, training, stack), cluster, training, stack, split.dims)
+    return replace(workload, dense_layers=dense, dense_block=dense_block)

@@ -22,6 +22,19 @@ of its collective at n instead: t = alpha + factor * S / busbw, alpha and busbw 
 node's ranks all running (schema/cluster.py). A TP group's collectives take the ``tp_*`` fits where
 there are some: measured as DTensor issues them inside a layer, they carry DTensor's own work and the
 skew of ranks that reach them out of step (profiler/hardware/distributed_overhead.py).
+
+All-to-all (MoE token dispatch and combine over the EP group): every rank sends S / n to each of the n - 1
+others (S: the rank's whole send buffer, its own share included), issued by NCCL as grouped send/recv
+pairs (nccl-tests doc/PERFORMANCE.md: alltoall busBw = algBw x (n-1)/n), so
+
+    t = base + (n-1) * latency + (n-1)/n * S / busbw.
+
+Inside a node busbw is the NVLink bus bandwidth. Across nodes the ring trick that lets g members per node
+pool their NICs does not apply: each rank pushes its (n - g)/n off-node share through its own NIC while the
+(g - 1)/n on-node share goes over NVLink at the same time, so the all-to-all's bus bandwidth is
+min((n-1)/(n-g) x NIC, (n-1)/(g-1) x NVLink) (``GroupLink.all_to_all_bandwidth_bytes_per_s``). DeepEP's
+node-limited dispatch (DeepSeek-V3 section 3.2.2: each token to at most 4 nodes, forwarded over NVLink
+inside them) sends less over the network than this; not modelled.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from autoplan.schema import Cluster
 from autoplan.schema.cluster import CollectiveFit
 from autoplan.schema.parallel_dims import GroupSpan
 
-Collective = Literal["all_reduce", "all_gather", "reduce_scatter"]
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class GroupLink:
     """Measured fits for this group size, one per collective (they replace the link formula)."""
     wait_factor: float = 1.0
     """Cluster.collective_wait_factor: scales the fits' alpha inside a training step."""
+    all_to_all_bandwidth_bytes_per_s: float = 0.0
+    """Bus bandwidth of an all-to-all on this group (module doc); 0: ``bandwidth_bytes_per_s``."""
 
     def fit(self, kind: str) -> CollectiveFit | None:
         return next((f for f in self.fits if f.collective == kind), None)
@@ -62,14 +77,25 @@ def group_link(cluster: Cluster, span: GroupSpan, tensor_parallel: bool = False)
     intra = cluster.intra_node
     base = cluster.collective_latency_us * 1e-6
     size = span.size
-    fits = tuple(f for kind in ("all_reduce", "all_gather", "reduce_scatter")
+    fits = tuple(f for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
                  if (f := _fit(cluster, kind, size, tensor_parallel)) is not None) if size > 1 else ()
     if span.fits_in_node(per_node):
         return GroupLink(size, intra.bandwidth_gb_per_s * 1e9, intra.latency_us * 1e-6, base, fits,
                          cluster.collective_wait_factor)
-    inter_bw = min(intra.bandwidth_gb_per_s, span.members_per_node(per_node) * cluster.inter_node.bandwidth_gb_per_s)
+    members = span.members_per_node(per_node)
+    inter_bw = min(intra.bandwidth_gb_per_s, members * cluster.inter_node.bandwidth_gb_per_s)
     return GroupLink(size, inter_bw * 1e9, cluster.inter_node.latency_us * 1e-6, base, fits,
-                     cluster.collective_wait_factor)
+                     cluster.collective_wait_factor, _all_to_all_bandwidth(cluster, size, members) * 1e9)
+
+
+def _all_to_all_bandwidth(cluster: Cluster, size: int, members_per_node: int) -> float:
+    """GB/s of an all-to-all bus bandwidth over ``size`` ranks, ``members_per_node`` of them on each node
+    (module doc): the off-node share through each rank's NIC, the on-node share over NVLink, at once."""
+    n, g = size, min(members_per_node, size)
+    nic = (n - 1) / (n - g) * cluster.inter_node.bandwidth_gb_per_s
+    if g <= 1:
+        return nic
+    return min(nic, (n - 1) / (g - 1) * cluster.intra_node.bandwidth_gb_per_s)
 
 
 def _fit(cluster: Cluster, kind: str, size: int, tensor_parallel: bool) -> CollectiveFit | None:
@@ -87,7 +113,8 @@ def collective_time_s(kind: Collective, size_bytes: float, link: GroupLink) -> f
 
 
 def collective_latency_s(kind: Collective, link: GroupLink) -> float:
-    """The alpha term: the start-up cost, then 2(n-1) hops for an all-reduce, n-1 for the others."""
+    """The alpha term: the start-up cost, then 2(n-1) hops for an all-reduce, n-1 for the others (an
+    all-to-all: one send/recv step per peer)."""
     n = link.size
     if n <= 1:
         return 0.0
@@ -98,13 +125,19 @@ def collective_latency_s(kind: Collective, link: GroupLink) -> float:
 
 
 def collective_bandwidth_s(kind: Collective, size_bytes: float, link: GroupLink) -> float:
-    """The beta term: 2(n-1)/n of the full size for an all-reduce, (n-1)/n for the others."""
+    """The beta term: 2(n-1)/n of the full size for an all-reduce, (n-1)/n for the others (for an all-to-all
+    the full size is one rank's send buffer, the share that stays on the rank included)."""
     n = link.size
     if n <= 1:
         return 0.0
     factor = 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
     fit = link.fit(kind)
-    return factor * size_bytes / (fit.busbw_gb_per_s * 1e9 if fit is not None else link.bandwidth_bytes_per_s)
+    if fit is not None:
+        return factor * size_bytes / (fit.busbw_gb_per_s * 1e9)
+    bandwidth = link.bandwidth_bytes_per_s
+    if kind == "all_to_all" and link.all_to_all_bandwidth_bytes_per_s > 0:
+        bandwidth = link.all_to_all_bandwidth_bytes_per_s
+    return factor * size_bytes / bandwidth
 
 
 def p2p_time_s(cluster: Cluster, size_bytes: float, same_node: bool) -> float:

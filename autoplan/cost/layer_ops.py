@@ -32,7 +32,9 @@ Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
   eager ops and views forward and backward, and under TP the extra DTensor work of each parallelised
   module. Recomputation reruns it with the forward it reruns.
 * collectives on the layer's own groups: TP on the ``tp`` group, the CP ring on the ``cp`` group, each on
-  the link its span crosses (``ParallelDims.span``, cost/comm.py).
+  the link its span crosses (``ParallelDims.span``, cost/comm.py); an MoE layer's token dispatch and
+  combine (all-to-alls on the EP group, the all-gather / reduce-scatter on the expert-TP group) on the links
+  of ``ParallelDims.expert_span``, kept apart as ``LayerCost.ep_fwd_s`` / ``ep_bwd_s`` (cost/moe_ops.py).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class Gemm:
     count: int = 1
     fp8: bool = True
     """Whether it runs in fp8 under fp8 training (the linear layers of the blocks; not the output head)."""
+    grouped: bool = False
+    """The ``count`` GEMMs are one grouped GEMM over one stacked weight (an MoE layer's local experts): priced
+    per expert (each its own call on the curve), one operation on parameters (``LayerCost.weight_groups``)."""
 
     @property
     def flops(self) -> float:
@@ -89,12 +94,26 @@ class AttentionCore:
     head_dim: int
     dropout: bool
     cp: int = 1
+    v_head_dim: int = 0
+    """Width of a value head when it differs from the query/key head (DeepSeek's MLA: 192 for q and k, 128
+    for v); 0: ``head_dim``."""
+    keys: float | None = None
+    """Keys per query in Megatron's count, under a sliding window (``flops.attended_keys``: the causal band's
+    2 x pairs / s, averaged over windowed and full blocks); None: ``seq_len`` (full attention)."""
+
+    @property
+    def square(self) -> float:
+        """s x keys: s^2 for full attention, the scores Megatron's count covers."""
+        return self.seq_len * (self.keys if self.keys is not None else self.seq_len)
 
     @property
     def flops(self) -> float:
-        """QK^T and attention-over-V counted in full, 4 b s^2 h (Megatron's count, not halved for the mask);
-        this device's 1/cp share."""
-        return 4.0 * self.batch * self.heads * self.seq_len ** 2 * self.head_dim / self.cp
+        """QK^T and attention-over-V counted in full, 4 b s^2 h (Megatron's count, not halved for the mask;
+        s x keys under a window); this device's 1/cp share. With a value head of its own: 2 b s^2 heads
+        (d_qk + d_v)."""
+        if self.v_head_dim:
+            return 2.0 * self.batch * self.heads * self.square * (self.head_dim + self.v_head_dim) / self.cp
+        return 4.0 * self.batch * self.heads * self.square * self.head_dim / self.cp
 
     @property
     def kernel_seq_len(self) -> int:
@@ -103,12 +122,13 @@ class AttentionCore:
 
     @property
     def score_elements(self) -> float:
-        return self.batch * self.heads * self.seq_len ** 2 / self.cp
+        return self.batch * self.heads * self.square / self.cp
 
 
 @dataclass(frozen=True)
 class Message:
-    """One TP collective on the critical path: ``kind`` over ``size_bytes`` (the full, unsharded size)."""
+    """One collective on the critical path: ``kind`` over ``size_bytes`` (the full, unsharded size; for an
+    all-to-all, one rank's whole send buffer)."""
 
     kind: Collective
     size_bytes: float
@@ -152,6 +172,20 @@ class LayerOps:
     runtime's eager layers run it (cost/analytic_ops.py ``EAGER_ELEMENTS``); priced instead of the fused
     bytes on a device that runs the runtime eagerly (one with host fields: a calibrated CPU). None: not
     counted (a traced profile), the fused bytes are priced."""
+    expert_params: float = 0.0
+    """Of ``params``, the routed experts' this device holds (cost/moe_ops.py); 0 for a dense layer."""
+    ep_fwd: tuple[Message, ...] = ()
+    """MoE: the token dispatch and combine all-to-alls on the EP group (``ParallelDims.expert_span("ep")``),
+    forward."""
+    ep_bwd: tuple[Message, ...] = ()
+    etp_fwd: tuple[Message, ...] = ()
+    """MoE under expert TP: the dispatcher's all-gather / reduce-scatter of the routed tokens on the etp
+    group, forward."""
+    etp_bwd: tuple[Message, ...] = ()
+    model_flops: float | None = None
+    """Forward model FLOPs when they differ from what the GEMMs and the core execute (MoE: the busiest rank
+    computes ``moe_imbalance`` x its balanced share of routed tokens, MFU counts the balanced share);
+    None: the executed ones."""
 
 
 def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> LayerOps:
@@ -169,6 +203,9 @@ def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> 
         return tuple(Message(m.kind, m.size_bytes / cp) for m in messages)
 
     saved = SavedBytes(ops.saved.none / cp, ops.saved.selective / cp, ops.saved.full / cp)
+    if ops.ep_fwd or ops.ep_bwd or ops.etp_fwd or ops.etp_bwd or ops.model_flops is not None:
+        raise ValueError("shard_sequence: an MoE part is built for the rank's own tokens (cost/moe_ops.py), "
+                         "not split afterwards")
     return replace(ops, gemms=tuple(replace(g, m=g.m // cp) for g in ops.gemms),
                    attention=replace(ops.attention, cp=cp) if ops.attention is not None else None,
                    elementwise_bytes=ops.elementwise_bytes / cp, saved=saved, tp_fwd=split(ops.tp_fwd),
@@ -232,8 +269,14 @@ class LayerCost:
     gradients are reduced, and ZeRO shards their states, over the experts' own data-parallel group ``edp``
     (ParallelDims.expert_span), not over dp x cp. 0 for a dense layer."""
     ep_fwd_s: float = 0.0
-    """MoE: the token dispatch and combine all-to-alls over the EP group not hidden behind compute, forward."""
+    """MoE: the token dispatch and combine all-to-alls over the EP group (and expert TP's gathers), forward."""
     ep_bwd_s: float = 0.0
+    ep_hideable_fwd_s: float = 0.0
+    """Of ``ep_fwd_s``, what a stack that overlaps the exchange with the paired micro-batch's kernels
+    (``StackProfile.ep_comm_overlap``) hides: that share, up to the backward's kernel time it runs beside.
+    Whether the layout allows the overlap is the stage table's to say (cost/stage_table.py)."""
+    ep_hideable_bwd_s: float = 0.0
+    """Of ``ep_bwd_s``, the same, up to the forward's kernel time."""
 
 
 @dataclass(frozen=True)
@@ -346,6 +389,7 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
     tp_bwd = messages_s(ops.tp_bwd)
     tp_bwd -= min(stack.tp_comm_overlap * tp_bwd, t.gemm_bwd_s)
     device = cluster.device
+    ep_fwd, ep_bwd = expert_comm_s(ops, cluster, dims)
     tp_host_fwd = ops.host.tp_modules * device.tp_module_fwd_us * 1e-6 if tp > 1 else 0.0
     tp_host_bwd = ops.host.tp_modules * device.tp_module_bwd_us * 1e-6 if tp > 1 else 0.0
     gemm_flops = [g.flops / g.count for g in ops.gemms for _ in range(g.count)]
@@ -367,15 +411,36 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
         params=ops.params,
         fwd_s=t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s + t.host_fwd_s + tp_host_fwd,
         bwd_s=t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s + t.host_bwd_s + tp_host_bwd,
-        fwd_flops=sum(g.flops for g in ops.gemms) + (ops.attention.flops if ops.attention else 0.0),
+        fwd_flops=(ops.model_flops if ops.model_flops is not None
+                   else sum(g.flops for g in ops.gemms) + (ops.attention.flops if ops.attention else 0.0)),
         saved_bytes=ops.saved.none, selective_saved_bytes=selective_saved, full_saved_bytes=ops.saved.full,
         selective_extra_s=selective_extra, selective_extra_flops=selective_flops,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         host_fwd_s=t.host_fwd_s + tp_host_fwd, host_bwd_s=t.host_bwd_s + tp_host_bwd,
         param_tensors=ops.host.param_tensors, tp_param_tensors=ops.host.tp_param_tensors if tp > 1 else 0,
         bwd_weight_s=t.gemm_bwd_s / BACKWARD_FACTOR,
-        weight_groups=sum(g.count for g in ops.gemms) + (2 if ops.attention is not None else 0),
+        weight_groups=sum(1 if g.grouped else g.count for g in ops.gemms) + (2 if ops.attention is not None else 0),
+        expert_params=ops.expert_params, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
+        # the paired micro-batch's kernels (host work excluded) are what the exchange runs beside
+        ep_hideable_fwd_s=min(stack.ep_comm_overlap * ep_fwd, t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s),
+        ep_hideable_bwd_s=min(stack.ep_comm_overlap * ep_bwd, t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s),
     )
+
+
+def expert_comm_s(ops: LayerOps, cluster: Cluster, dims: ParallelDims) -> tuple[float, float]:
+    """(forward, backward) seconds of an MoE layer's token exchange: the all-to-alls on the EP group's link
+    and, under expert TP, the dispatcher's all-gather / reduce-scatter on the etp group's (each on the link
+    its span crosses: ``ParallelDims.expert_span``). What a stack hides of them beside the paired
+    micro-batch's kernels (Megatron-Core's ``--overlap-moe-expert-parallel-comm``) is ``layer_cost``'s
+    ``ep_hideable_*_s``."""
+    def on(group: str, size: int, messages: tuple[Message, ...]) -> float:
+        if size <= 1 or not messages:
+            return 0.0
+        link = group_link(cluster, dims.expert_span(group))
+        return sum(collective_time_s(m.kind, m.size_bytes, link) for m in messages)
+
+    return (on("ep", dims.ep, ops.ep_fwd) + on("etp", dims.etp, ops.etp_fwd),
+            on("ep", dims.ep, ops.ep_bwd) + on("etp", dims.etp, ops.etp_bwd))
 
 
 def _every_other_matmul_saved(ops: LayerOps, training: TrainingSetup) -> float:
@@ -386,4 +451,4 @@ def _every_other_matmul_saved(ops: LayerOps, training: TrainingSetup) -> float:
     outputs = [e * g.m * g.n for g in ops.gemms for _ in range(g.count)]
     core = ops.attention
     rows = core.batch * core.heads * core.kernel_seq_len  # this rank's query rows, all local heads
-    return ops.saved.full + sum(outputs[0::2]) + e * rows * core.head_dim + 4.0 * rows
+    return ops.saved.full + sum(outputs[0::2]) + e * rows * (core.v_head_dim or core.head_dim) + 4.0 * rows

@@ -278,6 +278,10 @@ def megatron_arguments(plan: Plan) -> list[Argument]:
     args += precision[t.precision]
     if plan.stack is not None and plan.stack.tp_comm_overlap > 0 and plan.tp > 1 and plan.sequence_parallel:
         args.append(_arg("--tp-comm-overlap", None, f"{PARALLEL}.tp_comm_overlap"))
+    full = any(s.full_recompute for s in plan.stages)  # Megatron refuses the EP overlap with full recomputation
+    if plan.ep_overlap_possible and not full and plan.stack is not None and plan.stack.ep_comm_overlap > 0:
+        args += [_arg("--overlap-moe-expert-parallel-comm", None, f"{PARALLEL}.overlap_moe_expert_parallel_comm"),
+                 _arg("--delay-wgrad-compute", None, f"{PARALLEL}.delay_wgrad_compute")]
     args += [_arg("--lr", t.learning_rate, f"{OPTIMIZER}.lr"), _arg("--min-lr", t.min_learning_rate, f"{OPTIMIZER}.min_lr"),
              _arg("--lr-warmup-iters", t.warmup_steps, None, TRAINING_LOOP),
              _arg("--lr-decay-iters", t.decay_steps, None, TRAINING_LOOP),

@@ -69,6 +69,11 @@ class StackProfile:
     """Share of the tensor-parallel collectives that runs beside the GEMMs they feed or follow, decomposed
     into chunks (torch's async TP: ``fused_all_gather_matmul``, ``fused_matmul_reduce_scatter``; Transformer
     Engine's user-buffer overlap); hidden up to the GEMMs' own time. 0: each waits for its collective."""
+    ep_comm_overlap: float = 0.0
+    """Mixture of Experts: share of the expert-parallel all-to-alls that runs beside another micro-batch's
+    compute (Megatron-Core's ``overlap_moe_expert_parallel_comm``: in the 1F1B steady state one micro-batch's
+    dispatch and combine overlap the paired micro-batch's forward or backward kernels, DualPipe likewise);
+    hidden up to the other direction's kernel time (cost/layer_ops.py ``layer_cost``). 0: each waits."""
     param_gather: Literal["compute", "fp32", "fp8"] = "compute"
     """The dtype ZeRO gathers parameters in: the compute dtype (a mixed-precision policy, Megatron's
     distributed optimizer), fp32 (FSDP2 without a mixed-precision policy), or fp8 under fp8 training
@@ -114,6 +119,7 @@ class StackProfile:
     def validate(self) -> None:
         require(0 < len(self.name) <= 200, "name", "must be 1 to 200 characters")
         require_range(self, "tp_comm_overlap", 0.0, 1.0)
+        require_range(self, "ep_comm_overlap", 0.0, 1.0)
         require_range(self, "allocator_reserve", 0.0, 10.0)
         require_range(self, "allocator_cache", 0.0, 10.0)
         require_range(self, "optimizer_bytes_per_param", 0.0, 1e4)

@@ -244,3 +244,24 @@ def test_each_family_maps_its_features(tmp_path):
     assert (gpt2.max_positions, gpt2.seq_len, gpt2.mlp_activation) == (512, 512, "gelu_tanh")
     exact = spec_from_hf_config(write(tmp_path / "ge", {"model_type": "gpt2", "activation_function": "gelu"}))
     assert exact.activation is None and exact.mlp_activation == "gelu"
+
+
+def test_a_sliding_window_prices_the_causal_band_it_computes():
+    """Past the window a query sees w keys: the attention core's Megatron count covers twice the band's
+    (query, key) pairs, counted here one by one; GPT-OSS's alternating blocks average the windowed and the
+    full count; a window at least as long as the sequence changes nothing."""
+    from autoplan.cost.flops import attended_keys, block_fwd_flops
+
+    s, w = 512, 128
+    mistral = dataclasses.replace(load_model("llama-tiny"), sliding_window=w)
+    pairs = sum(min(i + 1, w) for i in range(s))
+    assert attended_keys(mistral, s) * s == pytest.approx(2 * pairs)
+    assert attended_keys(mistral, w) is None and attended_keys(mistral, w // 2) is None
+    full = dataclasses.replace(mistral, sliding_window=None)
+    ratio = block_fwd_flops(mistral, 1, s).attn_core / block_fwd_flops(full, 1, s).attn_core
+    assert ratio == pytest.approx(2 * pairs / s**2)
+    oss = dataclasses.replace(mistral, full_attention_interval=2)
+    assert attended_keys(oss, s) == pytest.approx((2 * pairs / s + s) / 2)
+    assert attended_keys(oss, s, layer=0) == pytest.approx(2 * pairs / s) and attended_keys(oss, s, layer=1) == s
+    from autoplan.schema.plan import context_parallel_refusal
+    assert "window" in context_parallel_refusal(2, mistral, TrainingSetup(global_batch_size=8, seq_len=s))
