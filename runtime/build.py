@@ -29,11 +29,13 @@ from runtime.models.dropout import DropoutState, attach
 from runtime.models.init import init_buffers, init_parameters
 from runtime.parallel.context_parallel import apply_context_parallel, shard_positions
 from runtime.parallel.data_parallel import apply_data_parallel
+from runtime.parallel.expert_parallel import apply_plan_experts
 from runtime.parallel.pipeline import DropoutRows, build_pipeline
 from runtime.parallel.recompute import apply_recompute
 from runtime.parallel.tensor_parallel import apply_tp
 from runtime.train.loss_scale import LossScale
 from runtime.train.optim import Optimizers
+from runtime.validate import check_runtime_support
 
 
 @dataclass
@@ -82,6 +84,8 @@ def build_stage(plan: Plan, pm: ParallelMesh, stage_id: int, loss_parallel: bool
         apply_tp(model, pm.tp_mesh, plan.sequence_parallel, loss_parallel)
     if positions is not None:
         apply_context_parallel(model, pm.group("cp"), positions)
+    if pm.expert_mesh is not None:
+        apply_plan_experts(model, pm)
     recompute_shard_materialize(model, plan, pm, stage, meter, materialize)
     if materialize:
         init_buffers(model)
@@ -104,7 +108,8 @@ def recompute_shard_materialize(model: nn.Module, plan, pm: ParallelMesh, stage,
         for block in model.blocks.values():
             block.register_forward_hook(meter.hook)
     apply_data_parallel(model, pm.dp_cp_mesh, plan.zero_stage, plan.offload_optimizer,
-                        autocast_dtype(pm.device, plan.training.precision))
+                        autocast_dtype(pm.device, plan.training.precision),
+                        pm.edp_mesh if pm.expert_mesh is not None else None)
     if materialize:
         # with offload FSDP2 keeps the sharded parameters on the host (torchtitan's init_device)
         to_empty_keeping_ties(model, torch.device("cpu") if plan.offload_optimizer else pm.device)
@@ -139,6 +144,7 @@ def move_buffers(model: nn.Module, device: torch.device) -> None:
 
 def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, materialize: bool = True,
                 init_from: Path | None = None) -> Parts:
+    check_runtime_support(plan)
     num_stages = plan.num_stages
     stage_ids = local_stage_ids(plan, pm.pp_rank)
     # loss_parallel keeps logits vocab-sharded into the loss; only where we compute the loss ourselves

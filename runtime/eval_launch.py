@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     from autoplan.schema import load_plan
-    from autoplan.schema.training import require_runnable_precision
+    from autoplan.schema.plan import require_runnable
     from runtime.eval_inputs import check_eval_inputs
 
     plan = load_plan(args.plan)  # SpecError on a missing file or a bad plan
-    require_runnable_precision(plan.training)
+    require_runnable(plan)
     folder = check_eval_inputs(args, plan)
 
     import torch.distributed as dist

@@ -19,8 +19,10 @@ from runtime.build import Parts, build_parts, cross_entropy
 from runtime.device import GIB, MemoryMeter, autocast_dtype
 from runtime.evaluate import EvalWindows, Evaluator
 from runtime.mesh import ParallelMesh
+from runtime.models.moe import set_aux_loss_grad_scale
 from runtime.parallel.context_parallel import shard_sequence
 from runtime.parallel.data_parallel import local, set_microbatch_sync
+from runtime.parallel.expert_parallel import aux_loss_share, update_plan_expert_biases
 from runtime.train import checkpoint, guard
 from runtime.train.data import TokenSource
 from runtime.train.integrity import resume_point
@@ -72,6 +74,7 @@ class Trainer:
         t0 = time.perf_counter()
         set_lr(parts.optimizer, lr_at(step, plan.training))
         parts.dropout.step = step
+        self._scale_aux_loss()
         x, y = self._batch(step)
         parts.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
@@ -85,6 +88,7 @@ class Trainer:
         took = parts.loss_scale.update(float(norm))  # fp16: an overflow skips the step on every rank
         if took:
             parts.optimizer.step()
+            update_plan_expert_biases(parts.models, pm)  # sigmoid routers (DeepSeek-V3): after the step
         with self._phase("loss"):
             loss = self._global_loss(loss)
         if pm.device.type == "cuda":
@@ -95,6 +99,18 @@ class Trainer:
         dist.all_gather(peaks, mine)  # every rank's peak, for metrics per rank
         per_rank = [int(b) for b in torch.cat(peaks).tolist()]  # one device-to-host copy
         return StepResult(loss, float(norm), elapsed, max(per_rank), per_rank, skipped=not took)
+
+    def _scale_aux_loss(self) -> None:
+        """MoE models: the auxiliary loss joins the objective through each layer's output
+        (runtime/models/moe.py ``AuxLossAutoScaler``, Megatron-Core's trick: under pipeline parallelism torch
+        backpropagates only the last stage's loss), with the LM loss's backward scale -- the fp16 loss scale,
+        and 1 / micro-batches where this trainer divides each micro-batch's loss (one stage; the pipeline
+        schedule instead divides the gradients) -- times each rank's share (expert_parallel.py
+        ``aux_loss_share``: 1 / tp). The loss reported is the LM loss alone."""
+        parts = self.parts
+        per_microbatch = 1.0 if parts.schedule is not None else 1.0 / self.plan.num_microbatches
+        set_aux_loss_grad_scale(parts.models, float(parts.loss_scale.value) * per_microbatch
+                                * aux_loss_share(self.pm.dims))
 
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This replica's rows of step ``step``'s global batch, on the device (under CP: this rank's tokens)."""

@@ -5,8 +5,19 @@ from __future__ import annotations
 
 from autoplan.errors import SpecError
 from autoplan.schema import Plan, check_fits
-from autoplan.schema.plan import ModulePlan
-from autoplan.schema.training import require_runnable_precision
+from autoplan.schema.plan import ModulePlan, require_runnable
+
+
+def check_runtime_support(plan: Plan | ModulePlan) -> None:
+    """What a valid plan may describe and the runtime does not run, refused in one line: the schema's
+    ``require_runnable`` (precision, etp > 1, the model's features, a sequence past its window) and what the
+    reference models cannot build (runtime/models ``check_buildable``)."""
+    require_runnable(plan)
+    if isinstance(plan, ModulePlan):
+        return
+    from runtime.models import check_buildable  # torch: only where a plan is about to be run
+
+    check_buildable(plan.model)
 
 
 def check_plan(plan: Plan | ModulePlan, world_size: int, device_type: str, local_world_size: int) -> None:
@@ -14,11 +25,11 @@ def check_plan(plan: Plan | ModulePlan, world_size: int, device_type: str, local
         raise SpecError(f"tp * cp * pp * dp = {plan.tp} * {plan.cp} * {plan.pp} * {plan.dp} = {plan.world_size} but "
                         f"torchrun started "
                         f"{world_size} processes; launch with --nproc_per_node {plan.world_size} (or re-plan)")
-    require_runnable_precision(plan.training)
     if isinstance(plan, ModulePlan):
         plan.validate()  # a user's module: the layout against the module reference (schema/plan.py)
     else:
         check_fits(plan.layout(), plan.model, plan.training, None)
+    check_runtime_support(plan)
     if plan.training.seq_len < 1 or plan.micro_batch_size < 1:
         raise SpecError("training.seq_len / micro_batch_size: must be at least 1")
     if device_type == "cuda":

@@ -10,7 +10,14 @@ mesh: context-parallel ranks hold the same parameters) and allocates that padded
 Under ZeRO 0-2 a device holds its TP-local tensors whole for forward and backward (FSDP2 without
 resharding after forward), which is the count the ZeRO-1/2 memory model assumes.
 
-The shapes restate runtime/models (gpt.py, llama.py); tests/runtime compare this count with the
+Mixture-of-Experts blocks (``model.is_moe_block(layer)``; runtime/models/moe.py): attention and norms as a dense
+block; the router [E, h] whole on every TP rank (each TP rank routes its own sequence slice); the routed experts
+as three [E, ., .] tensors split on dim 0 over the ep ranks (E/ep whole experts each, no TP split: etp = 1, the
+only value the runtime runs) and, under ZeRO-3, cut by FSDP2 over the expert-data-parallel group (edp = tp x cp x
+dp / ep ranks, runtime/parallel/data_parallel.py) into ceil(E/ep / edp) padded rows; the shared experts a
+SwiGLU MLP of width ``moe.shared_width``, split over TP like the dense MLP.
+
+The shapes restate runtime/models (gpt.py, llama.py, moe.py); tests/runtime compare this count with the
 built modules. Qwen2's q/k/v biases split with their weights; Qwen3's per-head q/k norm weights stay whole
 (each TP rank normalises its own heads with the same weights). GPT's learned position table has
 ``model.position_rows(training.seq_len)`` rows (``max_positions``, else the training length), as built;
@@ -31,9 +38,14 @@ class ParamTensor:
     shape: tuple[int, ...]
     tp_dim: int | None
     """The dimension TP splits, or None for a tensor every TP rank holds whole."""
+    expert: bool = False
+    """A routed-expert weight [E, ., .]: dim 0 split over ep, ZeRO over edp instead of dp x cp."""
 
 
-def block_tensors(model: ModelSpec) -> list[ParamTensor]:
+def block_tensors(model: ModelSpec, layer: int = 0) -> list[ParamTensor]:
+    """The parameters of block ``layer`` (an MoE block's: ``moe_block_tensors``)."""
+    if model.is_moe_block(layer):
+        return moe_block_tensors(model)
     h, f = model.hidden_size, model.ffn_hidden_size
     col, row, whole = 0, 1, None
     if model.architecture == "gpt":  # q, k, v, o are all [h, h] with biases (runtime/models/gpt.py)
@@ -42,15 +54,32 @@ def block_tensors(model: ModelSpec) -> list[ParamTensor]:
                                                                           ParamTensor((h,), whole)]
         mlp = [ParamTensor((f, h), col), ParamTensor((f,), col), ParamTensor((h, f), row), ParamTensor((h,), whole)]
         return norms + attn + mlp
-    q, kv = model.q_size, model.kv_size
+    mlp = [ParamTensor((f, h), col), ParamTensor((f, h), col), ParamTensor((h, f), row)]
+    return llama_attention_tensors(model) + mlp
+
+
+def llama_attention_tensors(model: ModelSpec) -> list[ParamTensor]:
+    """A Llama block's two RMSNorm weights and attention (q, k, v column-parallel, o row-parallel)."""
+    h, q, kv = model.hidden_size, model.q_size, model.kv_size
+    col, row, whole = 0, 1, None
     norms = [ParamTensor((h,), whole)] * 2  # two RMSNorms
     attn = [ParamTensor((q, h), col), ParamTensor((kv, h), col), ParamTensor((kv, h), col), ParamTensor((h, q), row)]
     if model.qkv_bias:
         attn += [ParamTensor((q,), col), ParamTensor((kv,), col), ParamTensor((kv,), col)]
     if model.qk_norm:
         attn += [ParamTensor((model.head_dim,), whole)] * 2
-    mlp = [ParamTensor((f, h), col), ParamTensor((f, h), col), ParamTensor((h, f), row)]
-    return norms + attn + mlp
+    return norms + attn
+
+
+def moe_block_tensors(model: ModelSpec) -> list[ParamTensor]:
+    """A Llama MoE block: norms and attention, then the router (whole), the routed experts (``expert``) and
+    the shared experts (TP-split like the dense MLP)."""
+    moe, h = model.moe, model.hidden_size
+    e, f, s = moe.num_experts, moe.expert_ffn_size, moe.shared_width
+    routed = [ParamTensor((e, f, h), None, True), ParamTensor((e, f, h), None, True),
+              ParamTensor((e, h, f), None, True)]
+    shared = [ParamTensor((s, h), 0), ParamTensor((s, h), 0), ParamTensor((h, s), 1)] if s else []
+    return llama_attention_tensors(model) + [ParamTensor((e, h), None)] + routed + shared
 
 
 def embedding_tensors(model: ModelSpec, seq_len: int, tp: int = 1) -> list[ParamTensor]:
@@ -68,8 +97,13 @@ def head_tensors(model: ModelSpec, separate_copy: bool, tp: int = 1) -> list[Par
     return norm + (projection if separate_copy or not model.tie_embeddings else [])
 
 
-def local_numel(t: ParamTensor, tp: int, dp: int, zero_stage: int) -> int:
+def local_numel(t: ParamTensor, tp: int, dp: int, zero_stage: int, ep: int = 1, edp: int = 1) -> int:
+    """Elements of ``t`` on one device: its TP (or, for an expert weight, EP) slice, then its ZeRO-3 chunk
+    over dp x cp (an expert weight: over edp)."""
     shape = list(t.shape)
+    if t.expert:
+        shape[0] //= ep
+        dp = edp
     if t.tp_dim is not None:
         shape[t.tp_dim] //= tp
     if zero_stage == 3:
@@ -84,10 +118,13 @@ def local_params_per_rank(model: ModelSpec, layout: Layout, training: TrainingSe
     for rank in range(layout.pp):
         tensors: list[ParamTensor] = []
         for stage in (s for s in layout.stages if s.rank == rank):  # the schedule places them (loop or V)
-            tensors += block_tensors(model) * stage.num_layers
+            for layer in range(*stage.layers):
+                tensors += block_tensors(model, layer)
             if stage.index == 0:
                 tensors += embedding_tensors(model, training.seq_len, layout.tp)
             if stage.index == last:
                 tensors += head_tensors(model, separate_copy=layout.pp > 1, tp=layout.tp)
-        counts.append(sum(local_numel(t, layout.tp, layout.dp_cp, layout.zero_stage) for t in tensors))
+        dims = layout.dims
+        counts.append(sum(local_numel(t, layout.tp, layout.dp_cp, layout.zero_stage, dims.ep, dims.edp)
+                          for t in tensors))
     return tuple(counts)

@@ -311,15 +311,16 @@ class ModelSpec:
         if self.full_attention_interval is not None:
             parts.append("windowed and full-attention blocks alternating")
         if self.mla is not None:
-            parts.append("multi-head latent attention")
+            parts.append("multi-head latent attention (mla)")
         if self.mtp_layers:
-            parts.append("multi-token-prediction modules")
+            parts.append(f"{self.mtp_layers} multi-token-prediction module(s) (mtp_layers)")
         if self.moe is not None:
             moe = self.moe
-            parts += [what for what, has in (("a router bias", moe.router_bias), ("expert biases", moe.expert_bias),
-                                             ("a shared-expert gate", moe.shared_expert_gate),
-                                             ("an expert capacity factor", moe.capacity_factor is not None),
-                                             ("dense blocks between MoE ones", moe.layer_frequency > 1)) if has]
+            parts += [what for what, has in (("a router bias (moe.router_bias)", moe.router_bias),
+                                             ("expert biases (moe.expert_bias)", moe.expert_bias),
+                                             ("a shared-expert gate (moe.shared_expert_gate)", moe.shared_expert_gate),
+                                             ("an expert capacity factor (moe.capacity_factor)",
+                                              moe.capacity_factor is not None)) if has]
         return ", ".join(parts) if parts else None
 
     def position_rows(self, seq_len: int | None = None) -> int:

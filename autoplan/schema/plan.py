@@ -130,6 +130,13 @@ class ParallelConfig:
         return {"ep": 1, "etp": 1}
 
     @property
+    def ep_overlap_possible(self) -> bool:
+        """A stack that overlaps the EP all-to-alls with the paired micro-batch's kernels can on this
+        configuration: Megatron-Core's ``overlap_moe_expert_parallel_comm`` needs expert parallelism and, under
+        pp > 1, interleaved stages (TransformerConfig.__post_init__; it also refuses full recomputation)."""
+        return self.ep > 1 and (self.pp == 1 or self.schedule == "interleaved")
+
+    @property
     def dims(self) -> ParallelDims:
         """The parallel sizes with their rank order, groups and nodes (schema/parallel_dims.py)."""
         return ParallelDims.of(self)
@@ -302,9 +309,12 @@ def window_refusal(model: ModelSpec, training: TrainingSetup) -> str | None:
 
 def require_runnable(plan: "Plan | ModulePlan") -> None:
     """The one-line refusal ``autoplan run``/``eval`` (and every rank, runtime/validate.py) give for a plan
-    the runtime cannot execute as planned: a planner-only precision, a model feature the runtime's reference
-    models do not compute (``ModelSpec.runtime_refusal``), a sequence longer than the model's window."""
+    the runtime cannot execute as planned: a planner-only precision, expert tensor parallelism, a model
+    feature the runtime's reference models do not compute (``ModelSpec.runtime_refusal``), a sequence longer
+    than the model's window."""
     require_runnable_precision(plan.training)
+    require(plan.etp == 1, "etp", f"{plan.etp}: the runtime does not split experts over expert-tensor-parallel ranks "
+            "yet (expert parallelism and data parallelism only); set etp: 1")
     if isinstance(plan, ModulePlan):
         return
     unbuilt = plan.model.runtime_refusal()
@@ -331,6 +341,9 @@ def context_parallel_refusal(cp: int, model: ModelSpec, training: TrainingSetup)
     if model.dropout > 0:
         return (f"cp={cp} needs dropout 0 (the model has {model.dropout}): ring attention's kernels draw "
                 "attention-dropout masks per ring step, which cannot equal the serial run's")
+    if model.sliding_window is not None and model.sliding_window < training.seq_len:
+        return (f"cp={cp} runs full causal ring attention, and the model attends through a window of "
+                f"{model.sliding_window} tokens; use cp 1")
     return None
 
 

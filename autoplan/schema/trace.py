@@ -32,7 +32,7 @@ MEASURED_TERMS: tuple[str, ...] = TIME_TERMS + ("other",)
 SLICE_NAMES: dict[str, str] = {
     "compute": "compute", "recompute": "recompute", "tp_comm": "tp comm", "pp_comm": "p2p",
     "zero3_gather": "zero-3 gather", "bubble": "bubble", "dp_comm": "dp reduction", "optimizer": "optimizer",
-    "cp_comm": "cp ring", "other": "other",
+    "cp_comm": "cp ring", "ep_comm": "ep all-to-all", "other": "other",
 }
 """Slice name of each term."""
 FORWARD, BACKWARD = "forward", "backward"

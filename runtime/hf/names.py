@@ -22,7 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.errors import SpecError
 from autoplan.schema import ModelSpec
+
+
+def require_dense(spec: ModelSpec) -> None:
+    """Hugging Face folders in and out cover dense models only: an MoE model's router and 3-D expert weights
+    have no mapping here yet (Mixtral / Qwen-MoE store one tensor per expert), so they are refused in one line
+    rather than read or written as the dense model they are not."""
+    if spec.moe is not None:
+        raise SpecError(f"{spec.name}: moe: Hugging Face import and export (--init-from, --save-hf, export) cover "
+                        "dense models only; the MoE expert weights have no mapping yet (issue 31)")
 
 VOCAB_TENSORS = ("embed.tok.weight", "head.weight")
 """Runtime tensors with one row per vocabulary entry (padded in the runtime, ``vocab_size`` rows here)."""
@@ -48,6 +58,7 @@ def family(spec: ModelSpec) -> str:
     """The Hugging Face ``model_type`` a spec is written as: gpt -> gpt2; llama -> qwen3 with per-head q/k
     norms, qwen2 with q/k/v biases, mistral with a sliding window, else llama. (A spec does not record the
     folder it came from; these are the families that compute exactly the runtime's model.)"""
+    require_dense(spec)
     if spec.architecture == "gpt":
         return "gpt2"
     if spec.qk_norm:
@@ -60,6 +71,7 @@ def family(spec: ModelSpec) -> str:
 def runtime_shapes(spec: ModelSpec, seq_len: int | None = None) -> dict[str, tuple[int, ...]]:
     """Every parameter of the serial model (a tied head counted once, as the embedding) and its shape,
     vocabulary tensors unpadded; ``seq_len`` sizes gpt's position table when the spec has no max_positions."""
+    require_dense(spec)
     h, f, q, kv, v = spec.hidden_size, spec.ffn_hidden_size, spec.q_size, spec.kv_size, spec.vocab_size
     gpt = spec.architecture == "gpt"
     norm = {"weight": (h,), "bias": (h,)} if gpt else {"weight": (h,)}
@@ -111,6 +123,7 @@ def _split(name: str) -> tuple[str, str, str]:
 
 def source(name: str, spec: ModelSpec) -> Source:
     """Where the runtime parameter ``name`` (canonical: runtime/models/init.py) is stored."""
+    require_dense(spec)
     layer, module, leaf = _split(name)
     if spec.architecture == "gpt":
         if not layer:

@@ -6,8 +6,9 @@ tensor (``distribute_tensor(..., src_data_rank=None)``: local slicing, no commun
 starts with the same values under any tp / pp / dp / ZeRO as in the serial run, and a pipeline stage
 built alone (on meta, then materialised) equals the same blocks of the full model.
 
-Values (nanoGPT / GPT-2): N(0, 0.02) for matrices and embeddings, the residual output projections
-(attn.o, mlp.fc2, mlp.down) N(0, 0.02 / sqrt(2 L)), norm weights 1 (Qwen3's per-head ``q_norm`` and
+Values (nanoGPT / GPT-2): N(0, 0.02) for matrices and embeddings (an MoE block's router and its 3-D expert
+weights [E, ., .] too, drawn whole), the residual output projections (attn.o, mlp.fc2, mlp.down, and an MoE
+block's mlp.experts.down and mlp.shared.down) N(0, 0.02 / sqrt(2 L)), norm weights 1 (Qwen3's per-head ``q_norm`` and
 ``k_norm`` too), biases 0 (Qwen2's q/k/v biases too): every 1-d parameter is a norm weight or a bias.
 A tied head copy on the last pipeline stage takes the embedding's name, hence its values.
 
@@ -31,7 +32,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from autoplan.schema import ModelSpec
 from runtime.models.dropout import mix
 
-RESIDUAL_PROJECTIONS = ("attn.o.weight", "mlp.fc2.weight", "mlp.down.weight")
+RESIDUAL_PROJECTIONS = ("attn.o.weight", "mlp.fc2.weight", "mlp.down.weight", "mlp.experts.down",
+                        "mlp.shared.down.weight")
+"""The projections onto the residual stream (GPT-2's scaled init), an MoE block's expert and shared-expert down
+projections included: they take the dense MLP's place (torchtitan scales the experts' ``w2_EDF`` the same way:
+torchtitan/models/deepseek_v3/__init__.py ``_depth_init``)."""
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod.")
 
 

@@ -18,6 +18,7 @@ from autoplan.schema import ModelSpec
 from autoplan.schema.model import RopeScaling
 from runtime.models.common import AttentionCore, Skeleton, stage_layers
 from runtime.models.dropout import LayoutFreeDropout, assign_sites
+from runtime.models.moe import MoE
 
 
 class Embedding(nn.Module):
@@ -131,17 +132,26 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+    """Attention then the feed-forward part: the dense SwiGLU ``MLP``, or for the spec's MoE blocks
+    (``spec.is_moe_block(layer)``) the Mixture-of-Experts layer (runtime/models/moe.py: router, routed
+    experts, shared experts), whose output dropout is the block's ``mlp_drop`` (the dense MLP holds its own)."""
+
+    def __init__(self, spec: ModelSpec, seq_len: int, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
         self.attn = Attention(spec, seq_len)
         self.mlp_norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
-        self.mlp = MLP(spec)
+        if spec.is_moe_block(layer):
+            self.mlp = MoE(spec.hidden_size, spec.moe)
+            self.mlp_drop = LayoutFreeDropout(spec.dropout)
+        else:
+            self.mlp = MLP(spec)
         self.drop = LayoutFreeDropout(spec.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.attn_norm(x)))
-        return x + self.mlp(self.mlp_norm(x))
+        y = self.mlp(self.mlp_norm(x))
+        return x + (self.mlp_drop(y) if hasattr(self, "mlp_drop") else y)
 
 
 class Llama(Skeleton):
@@ -152,7 +162,7 @@ class Llama(Skeleton):
         super().__init__()
         rows = self.set_vocab(spec, vocab_rows)
         self.embed = Embedding(spec, rows) if first else None
-        self.blocks = nn.ModuleDict({str(i): Block(spec, seq_len) for i in stage_layers(spec.num_layers, layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(spec, seq_len, i) for i in stage_layers(spec.num_layers, layers)})
         self.norm = nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps) if last else None
         self.head = nn.Linear(spec.hidden_size, rows, bias=False) if last else None
         if spec.tie_embeddings and first and last:

@@ -27,8 +27,12 @@ all-to-all volume per rank vary from step to step. A capacity factor (drop token
 expert, Switch / GShard) is not implemented yet.
 
 Load balancing: the Switch/Mixtral auxiliary loss (``aux_loss_coefficient`` > 0; see ``load_balancing_loss``)
-is computed in training forwards and left on ``MoE.aux_loss`` for the trainer to add to its loss
-(``collect_aux_loss``), and/or the sigmoid router's bias rule (``update_expert_bias``).
+is computed in training forwards and either left on ``MoE.aux_loss`` for a caller to add to its loss
+(``collect_aux_loss``: the standalone tests), or, when ``MoE.aux_loss_grad_scale`` is set (the runtime's
+models), attached to the layer's output by ``AuxLossAutoScaler`` so that backward through the output also
+backpropagates the auxiliary loss -- under pipeline parallelism only the last stage's loss is backpropagated,
+and an earlier stage's MoE layers would otherwise lose theirs. The sigmoid router's bias rule is
+``update_expert_bias``.
 
 Expert compute: ``torch._grouped_mm`` (one kernel for all experts, as torchtitan) where it is known to
 run -- CUDA, bf16, Hopper or newer, aligned sizes -- otherwise a loop over the experts, each on the
@@ -52,6 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from autoplan.errors import SpecError
 from autoplan.schema.moe import MoESpec
 
 
@@ -83,6 +88,24 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+class AuxLossAutoScaler(torch.autograd.Function):
+    """Identity on the layer's output; in backward, also gives the auxiliary loss the gradient ``scale``, as
+    if ``scale * aux_loss`` had been added to the loss being backpropagated. Megatron-Core's
+    ``MoEAuxLossAutoScaler`` (megatron/core/transformer/moe/moe_utils.py), whose scale is the main loss's
+    backward scale (loss scale / micro-batches); the runtime sets ours per step (``set_aux_loss_grad_scale``)."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, aux_loss: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(aux_loss)
+        ctx.scale = scale
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        (aux_loss,) = ctx.saved_tensors
+        return grad, torch.full_like(aux_loss, ctx.scale), None
+
+
 class Router(nn.Module):
     """Token-choice top-k router: which K experts each token goes to, and with which weights."""
 
@@ -99,7 +122,7 @@ class Router(nn.Module):
         The balance probabilities feed the auxiliary loss: softmax probabilities, or for sigmoid the scores
         normalised per token (DeepSeek-V3's sequence-wise balance loss does the same)."""
         spec = self.spec
-        logits = F.linear(x.float(), self.weight.float())  # [T, E]
+        logits = F.linear(x.float(), router_weight(self.weight).float())  # [T, E]
         if spec.router == "softmax":
             scores = logits.softmax(dim=-1)
             ids = scores.topk(spec.experts_per_token, dim=-1).indices
@@ -112,6 +135,19 @@ class Router(nn.Module):
         if spec.normalize_top_k:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * spec.routed_scaling_factor, ids, probs
+
+
+def router_weight(w: torch.Tensor) -> torch.Tensor:
+    """The router matrix as a local tensor. Under tensor parallelism with sequence parallelism the runtime
+    makes it a Replicate DTensor on the TP mesh (runtime/parallel/tensor_parallel.py) while each TP rank
+    routes only its own slice of the tokens: each rank's gradient is then a partial sum, so ``to_local``
+    declares it ``Partial`` and DTensor / FSDP2 sum it over the TP group (as for the sequence-parallel norm
+    weights; Megatron-Core all-reduces the router's gradient over TP for the same reason)."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    if isinstance(w, DTensor):
+        return w.to_local(grad_placements=[Partial()] * w.device_mesh.ndim)
+    return w
 
 
 def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -193,7 +229,10 @@ class MoE(nn.Module):
     dispatcher that sends the routed tokens to the ranks holding their experts and back.
     ``aux_group``: the process group the auxiliary loss counts tokens over (None: this rank's tokens).
     After a training forward, ``aux_loss`` holds aux_loss_coefficient * the balance loss (with its graph), or
-    None when the coefficient is 0."""
+    None when the coefficient is 0. ``aux_loss_grad_scale``: None leaves it there for ``collect_aux_loss``; a
+    number attaches it to the output (``AuxLossAutoScaler``) with that backward scale.
+    The shared experts get the input in its original shape ([B, T, H]), so that tensor parallelism can
+    gather a sequence-parallel slice for them along dim 1 (runtime/parallel/tensor_parallel.py)."""
 
     def __init__(self, hidden_size: int, spec: MoESpec) -> None:
         super().__init__()
@@ -206,6 +245,7 @@ class MoE(nn.Module):
         self.dispatcher: Any = None
         self.aux_group: Any = None
         self.aux_loss: torch.Tensor | None = None
+        self.aux_loss_grad_scale: float | None = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -222,9 +262,13 @@ class MoE(nn.Module):
         if hasattr(self.router, "expert_bias"):
             self.router.expert_bias.zero_()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])  # [T, H]
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if inputs.is_meta:  # shapes only: the routing, which sizes every expert's slice, needs values
+            raise SpecError(f"the MoE layer ({self.spec.num_experts} experts) runs on real tensors only: the "
+                            "routed token counts decide its shapes, which a meta-device trace (autoplan profile) "
+                            "cannot know; profile MoE models: not yet (issue 31)")
+        shape = inputs.shape
+        x = inputs.reshape(-1, shape[-1])  # [T, H]
         weights, ids, probs = self.router(x)  # [T, K], [T, K], [T, E]
         flat = ids.flatten()  # scatter_add, not bincount: no device-to-host sync on a GPU
         counts = torch.zeros(self.spec.num_experts, dtype=torch.int64, device=x.device).scatter_add_(
@@ -235,10 +279,13 @@ class MoE(nn.Module):
         if self.training and self.spec.aux_loss_coefficient > 0:
             self.aux_loss = self.spec.aux_loss_coefficient * load_balancing_loss(
                 probs, counts, self.spec.experts_per_token, self.aux_group)
-        out = self.routed(x, weights, ids, counts)
+        out = self.routed(x, weights, ids, counts).reshape(shape)
         if self.shared is not None:
-            out = out + self.shared(x)
-        return out.reshape(shape)
+            out = out + self.shared(inputs)
+        if self.aux_loss is not None and self.aux_loss_grad_scale is not None:
+            out = AuxLossAutoScaler.apply(out, self.aux_loss, self.aux_loss_grad_scale)
+            self.aux_loss = self.aux_loss.detach()  # in the graph through ``out`` now; kept for reading only
+        return out
 
     def routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Sort the N = T*K (token, slot) pairs by expert, compute them, weight and sum them per token."""
@@ -256,6 +303,13 @@ class MoE(nn.Module):
 def moe_layers(model: nn.Module) -> list[MoE]:
     """Every MoE layer of ``model``, in module order."""
     return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def set_aux_loss_grad_scale(models: list[nn.Module], scale: float | None) -> None:
+    """Attach every MoE layer's auxiliary loss to its output with backward scale ``scale`` (None: detach it)."""
+    for model in models:
+        for m in moe_layers(model):
+            m.aux_loss_grad_scale = scale
 
 
 def collect_aux_loss(model: nn.Module) -> torch.Tensor | None:

@@ -23,6 +23,15 @@ into any layout.
   bf16 weights; gradients are reduce-scattered in fp32 into the fp32 shards the optimizer steps. Without
   a data-parallel group the stage runs its fp32 weights under autocast.
 
+Mixture of Experts: the routed experts of each MoE block (``block.mlp.experts``) are a unit of their own over
+the expert-data-parallel mesh ``edp_mesh`` (the ranks that hold the same experts: runtime/mesh.py), wrapped
+first, with the same ZeRO stage, so that the dense units over dp x cp leave their parameters alone
+(``fully_shard(moe.experts, mesh=edp)`` then the block and the root, as tests/runtime/ep_worker.py ``fsdp_case``
+checks; torchtitan/distributed/fsdp.py now reaches the same placement with ``shard_placement_fn`` on one unit
+per block, and shards experts on dim 1 when edp x ep exceeds the experts, where this pads dim 0). They are wrapped
+whenever the stage is (an edp group of one included: the root must not take them into its dp x cp group) and
+whenever edp > 1 (with tp > ep the experts have data-parallel copies even without dp).
+
 How this ZeRO 1 differs from the cost model's (Rajbhandari et al. 2020, stage 1: weights and gradients
 whole on every rank at all times, 4 + K/N_d bytes per parameter in mixed precision): during forward and
 backward the memory is the same -- whole weights, whole gradients accumulated over the micro-batches,
@@ -45,15 +54,21 @@ from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from runtime.models.moe import moe_layers
+
 
 def apply_data_parallel(model: nn.Module, dp_mesh, zero_stage: int, offload: bool,
-                        compute_dtype: torch.dtype | None = None) -> nn.Module:
+                        compute_dtype: torch.dtype | None = None, edp_mesh=None) -> nn.Module:
     """Wrap one stage model for its dp (x cp) group in place (no-op for a group of one without offload);
-    ``compute_dtype``: the plan's bf16/fp16 on GPUs (None: fp32 throughout)."""
-    if dp_mesh.size() == 1 and not offload:
+    ``compute_dtype``: the plan's bf16/fp16 on GPUs (None: fp32 throughout); ``edp_mesh``: the routed experts'
+    data-parallel mesh (MoE models; see the module docstring)."""
+    dense = dp_mesh.size() > 1 or offload
+    experts = [m.experts for m in moe_layers(model)]
+    if experts and (dense or edp_mesh.size() > 1):
+        shard_experts(experts, edp_mesh, zero_stage, offload, compute_dtype)
+    if not dense:
         return model
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else \
-        MixedPrecisionPolicy()
+    mp = precision_policy(compute_dtype)
     if zero_stage == 0:
         replicate(model, mesh=dp_mesh, mp_policy=mp)
         return model
@@ -65,16 +80,37 @@ def apply_data_parallel(model: nn.Module, dp_mesh, zero_stage: int, offload: boo
     return model
 
 
+def precision_policy(compute_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    if compute_dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+
+
+def shard_experts(experts: list[nn.Module], edp_mesh, zero_stage: int, offload: bool,
+                  compute_dtype: torch.dtype | None) -> None:
+    """Each MoE block's routed experts as their own unit over ``edp_mesh`` (replicate at ZeRO 0)."""
+    mp = precision_policy(compute_dtype)
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
+    for module in experts:
+        if zero_stage == 0:
+            replicate(module, mesh=edp_mesh, mp_policy=mp)
+        else:
+            fully_shard(module, mesh=edp_mesh, reshard_after_forward=zero_stage == 3, offload_policy=policy,
+                        mp_policy=mp)
+
+
 def set_microbatch_sync(model: nn.Module, zero_stage: int, last: bool) -> None:
     """Before a micro-batch's backward without pipelining: whether its gradients are reduced and its
     parameters resharded after it. ZeRO 0 and 1 reduce once, on the last micro-batch; 2 and 3 every time
     (their gradients stay sharded between micro-batches). ZeRO 1 and 2 keep the parameters whole until
-    the last; ZeRO 3 reshards after every backward."""
-    if not isinstance(model, FSDPModule):
-        return
-    model.set_requires_gradient_sync(last or zero_stage >= 2)
-    if zero_stage in (1, 2):
-        model.set_reshard_after_backward(last)
+    the last; ZeRO 3 reshards after every backward. (A stage whose only data-parallel units are its experts'
+    -- edp > 1 with dp x cp = 1 -- sets them.)"""
+    units = [model] if isinstance(model, FSDPModule) else \
+        [m.experts for m in moe_layers(model) if isinstance(m.experts, FSDPModule)]
+    for unit in units:
+        unit.set_requires_gradient_sync(last or zero_stage >= 2)
+        if zero_stage in (1, 2):
+            unit.set_reshard_after_backward(last)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,12 @@ Which gradients need which reduction (EP inside data parallelism; none is done h
 With FSDP2 as in (c) both happen with no extra call. ``reduce_gradients`` does both for a model without
 a data-parallel wrapper (the tests, or a trainer that reduces by hand).
 
+In the runtime (``apply_plan_experts``, called by runtime/build.py on each stage after TP): the EP group is
+the plan's (runtime/mesh.py's expert mesh, ParallelDims' fold: with tp > 1 it takes the TP ranks first, and
+under TP + SP each TP rank routes its own sequence slice), the experts are FSDP2 / replicate units over the
+edp axis of that mesh (runtime/parallel/data_parallel.py), and the expert gradient scale is
+``expert_grad_scale`` (edp / (dp x cp), which is ``grad_mean``'s 1/ep only without TP and CP).
+
 Load balancing over the group: ``MoE.aux_group`` (set here) makes the auxiliary loss count the expert
 loads over that group; ``update_expert_bias`` (sigmoid router) all-reduces the loads over the group it is
 given, so every replica applies the same bias change and stays identical.
@@ -120,6 +126,59 @@ def apply_expert_parallel(moe: MoE, ep: DeviceMesh | Any, *, grad_mean: bool = T
     moe.dispatcher = AllToAllDispatcher(mesh.get_group(), size, num_experts)
     moe.aux_group = aux_group
     return moe
+
+
+def apply_plan_experts(model: nn.Module, pm: Any) -> None:
+    """A plan's expert parallelism on every MoE block of one stage model (after TP, before FSDP2): the experts
+    split over the plan's EP group (``pm.ep_mesh``, the expert fold of runtime/mesh.py), the auxiliary loss's
+    expert loads counted over the stage's ranks (``pm.stage_group``), and the expert gradients scaled by
+    ``expert_grad_scale``."""
+    dims = pm.dims
+    for moe in moe_layers(model):
+        if dims.ep > 1:
+            apply_expert_parallel(moe, pm.ep_mesh, grad_mean=False)
+        moe.aux_group = pm.stage_group if dims.stage_ranks > 1 else None
+        moe.experts.grad_scale = expert_grad_scale(dims)
+
+
+def expert_grad_scale(dims: Any) -> float:
+    """What the runtime multiplies the routed experts' gradients by in backward: edp / (dp x cp).
+
+    Why: each rank's loss is the mean over its replica's tokens (the TP ranks of a replica share one loss and
+    hold different sequence slices of its tokens; CP ranks have losses of their own, averaged like
+    replicas'). An expert's gradient on its owner, after the backward all-to-all, is the sum of the
+    contributions of the tokens the EP group routed to it; the edp group then averages (FSDP2 / replicate over
+    ``edp_mesh``). Summed over every rank of the stage the contributions are sum_r dL_r/dW over the dp x cp
+    losses L_r, and the serial gradient is their mean: sum / (dp x cp) = (edp-mean) x edp / (dp x cp).
+    Without TP and CP, ep x edp = dp and this is 1/ep, ``apply_expert_parallel``'s ``grad_mean``; with
+    tp = ep = 2 it is 1 (the EP group is one replica's two sequence halves)."""
+    return dims.edp / dims.dp_cp
+
+
+def aux_loss_share(dims: Any) -> float:
+    """The weight of each rank's auxiliary loss in the step's objective, besides the micro-batch and loss
+    scaling of the LM loss: 1 / tp. Each TP rank computes the balance loss of its own sequence slice (the
+    router sees only it) with P_e its slice's mean probability, and DTensor sums the ranks' gradients
+    (the router's Partial gradient; the slices' input gradients); the mean of the tp slices' P_e is the
+    replica's, so the 1/tp-weighted sum is the replica's loss. Data parallelism averages replicas as for the
+    LM loss, and the expert loads f_e are counted over the whole stage (``MoE.aux_group``), so the objective is
+    the serial model's balance loss of each global micro-batch."""
+    return 1.0 / dims.tp
+
+
+EXPERT_BIAS_RATE = 1e-3
+"""The sigmoid router's bias update speed (gamma): DeepSeek-V3's 0.001 (DeepSeek-AI 2024, section 2.1.2; its
+config's ``topk_method: noaux_tc``). The model description has no field for it yet, so every run uses it."""
+
+
+def update_plan_expert_biases(models: list[nn.Module], pm: Any) -> None:
+    """After an optimizer step: the sigmoid routers' aux-loss-free bias rule (``update_expert_bias``) on each
+    stage model, the loads summed over the stage's ranks (every replica and TP slice: the global batch's
+    loads, as the serial run counts them). No-op (no collective) for softmax-routed models."""
+    for model in models:
+        layers = moe_layers(model)
+        if any(m.spec.router == "sigmoid" for m in layers):
+            update_expert_bias(model, EXPERT_BIAS_RATE, pm.stage_group if pm.dims.stage_ranks > 1 else None)
 
 
 def expert_parameters(model: nn.Module) -> set[int]:

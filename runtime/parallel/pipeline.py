@@ -19,6 +19,7 @@ reads the same lists from a file); its public GPipe/1F1B classes keep their own 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,6 +31,7 @@ from autoplan.schema import Plan
 from autoplan.schema.schedule import build_schedule
 from runtime.mesh import ParallelMesh
 from runtime.models.dropout import DropoutState
+from runtime.models.moe import moe_layers
 
 KINDS = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD, "I": _ComputationType.BACKWARD_INPUT,
          "W": _ComputationType.BACKWARD_WEIGHT}
@@ -48,6 +50,18 @@ class DropoutRows:
         self.state.first_row = self.replica_first_row + chunk * self.micro_batch_size
 
 
+@contextlib.contextmanager
+def kept_expert_loads(module: nn.Module):
+    """Restore the MoE layers' ``tokens_per_expert`` counters of ``module`` on exit."""
+    counters = [m.tokens_per_expert for m in moe_layers(module)]
+    saved = [c.clone() for c in counters]
+    try:
+        yield
+    finally:
+        for counter, value in zip(counters, saved):
+            counter.copy_(value)
+
+
 class KeyedStage(PipelineStage):
     """A PipelineStage that tells the dropout state which micro-batch it is computing, so that masks
     are seeded by global row (runtime/models/dropout.py), also when a backward recomputes a forward."""
@@ -58,6 +72,20 @@ class KeyedStage(PipelineStage):
 
     def _at(self, chunk: int) -> None:
         self.rows.at(chunk)
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        """torch runs each stage's forward (and, for the backward's shapes, its backward, which reruns the
+        forward of recomputed blocks) once before the first step (stage.py ``_forward_metadata_inference``,
+        ``_backward_metadata_inference``), on the first micro-batch or on tensors made from metadata. That
+        is not training: the MoE layers' expert-load counters (the sigmoid router's bias rule,
+        expert_parallel.py ``update_expert_bias``) are put back as they were, or the first bias update would
+        count tokens the serial run never routes."""
+        with kept_expert_loads(self.submod):
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+    def _backward_metadata_inference(self, *args, **kwargs):
+        with kept_expert_loads(self.submod):
+            return super()._backward_metadata_inference(*args, **kwargs)
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         self._at(fwd_chunk_id)

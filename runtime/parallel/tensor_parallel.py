@@ -26,7 +26,7 @@ dropouts) this rank holds. GPT's embedding dropout runs before the sequence spli
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel,
     parallelize_module,
@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel import (
 
 from runtime.models.common import AttentionCore
 from runtime.models.dropout import LayoutFreeDropout
+from runtime.models.moe import MoE
 
 
 def block_plan(block: nn.Module, sp: bool) -> dict:
@@ -44,6 +45,8 @@ def block_plan(block: nn.Module, sp: bool) -> dict:
     if hasattr(block.attn, "q_norm"):  # heads are dim 2 of their [B, T, heads, d] input; output stays local
         plan |= {"attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
                  "attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)}
+    if isinstance(block.mlp, MoE):
+        return plan | moe_plan(block.mlp, sp)
     if hasattr(block.mlp, "fc1"):
         plan |= {"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=out)}
     else:
@@ -53,6 +56,31 @@ def block_plan(block: nn.Module, sp: bool) -> dict:
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attn": gather, "mlp": gather}
     return plan
+
+
+def moe_plan(moe: MoE, sp: bool) -> dict:
+    """The TP plan of an MoE block's feed-forward part (see the module docstring); its norms' SP entries and
+    the attention's are ``block_plan``'s."""
+    if not sp:
+        raise ValueError("an MoE block under tensor parallelism needs sequence_parallel (each TP rank routes its "
+                         "own slice of the tokens)")
+    plan = {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
+            "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                      use_local_output=True)}
+    if moe.shared is not None:
+        plan |= {"mlp.shared": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                 "mlp.shared.gate": ColwiseParallel(), "mlp.shared.up": ColwiseParallel(),
+                 "mlp.shared.down": RowwiseParallel(output_layouts=Shard(1))}
+    return plan
+
+
+def replicate_routers(block: nn.Module, tp_mesh) -> None:
+    """An MoE block's router matrix as a Replicate DTensor on the TP mesh (a local slice: no communication)."""
+    if isinstance(block.mlp, MoE):
+        router = block.mlp.router
+        router.weight = nn.Parameter(distribute_tensor(router.weight.detach(), tp_mesh, [Replicate()],
+                                                       src_data_rank=None))
 
 
 def apply_tp(model: nn.Module, tp_mesh, sp: bool, loss_parallel: bool) -> nn.Module:
@@ -66,6 +94,7 @@ def apply_tp(model: nn.Module, tp_mesh, sp: bool, loss_parallel: bool) -> nn.Mod
                 output_layouts=Replicate(), desired_output_layouts=Shard(1))})
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, block_plan(block, sp))
+        replicate_routers(block, tp_mesh)
     if model.head is not None:
         head = ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
                                output_layouts=Shard(-1) if loss_parallel else Replicate(),

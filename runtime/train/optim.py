@@ -58,7 +58,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, stage_ranks: int
     dp x tp mesh (FSDP / replicate), some plain tensors (norms without SP), and each pipeline rank holds
     different parameters; torch's clip_grad_norm_ cannot combine norms of different meshes and does not
     know about pp. So each rank sums its shares of the squares (``_local_sum_squares``), one all-reduce
-    over the world adds them up. ``stage_ranks`` = tp * cp * dp, the ranks that hold one pipeline stage.
+    over the world adds them up. MoE expert weights are DTensors on another root mesh, the expert mesh
+    (pp, edp, ep, etp: runtime/mesh.py), 1-D (ep) or 2-D (edp x ep under FSDP2): the share rule needs only
+    that every mesh lies inside the stage's ranks, which holds, so they count once too
+    (tests/runtime/test_moe_layouts.py compares the experts' and routers' norms with serial).
+    ``stage_ranks`` = tp * cp * dp, the ranks that hold one pipeline stage.
     ``excluded`` holds ids of parameters that are copies counted elsewhere (the tied head on the last
     stage, whose twin is the first stage's embedding, as Megatron does).
     """

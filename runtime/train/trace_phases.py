@@ -17,7 +17,8 @@ context wins):
 * inside a communication op (``c10d::*``, ``_c10d_functional::*``, NCCL kernels): ``pp_comm`` for
   send/recv, otherwise by context: FSDP gather -> ``zero3_gather`` (ZeRO-3) or ``dp_comm``; FSDP
   reduction or optimizer (ZeRO-1 broadcasts) -> ``dp_comm``; inside the ring attention -> ``cp_comm``;
-  forward/backward -> ``tp_comm``; none -> ``other``;
+  an all-to-all in forward/backward (MoE dispatch and combine, runtime/parallel/expert_parallel.py) ->
+  ``ep_comm``; other forward/backward collectives -> ``tp_comm``; none -> ``other``;
 * else by context: a recomputable forward inside a backward -> ``recompute``; forward, backward, loss ->
   ``compute``; FSDP -> as above; optimizer -> ``optimizer``;
 * else ``other`` inside any op (data, loss and norm reductions, ...), ``bubble`` when no op runs: the rank
@@ -50,8 +51,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 SHORT_PAUSE_US = 20.0
 """Longer than the interpreter takes between two ops of one loop (a few us on a loaded 2-core machine),
 shorter than any wait for a peer (a gloo round trip is ~100 us)."""
-_DEVICE_PRIORITY = ("recompute", "compute", "optimizer", "other", "tp_comm", "cp_comm", "zero3_gather", "dp_comm",
-                    "pp_comm")
+_DEVICE_PRIORITY = ("recompute", "compute", "optimizer", "other", "tp_comm", "cp_comm", "ep_comm", "zero3_gather",
+                    "dp_comm", "pp_comm")
 _COMM_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
 _GATHER_WORDS = ("all_gather", "pre_forward", "pre_backward", "post_forward", "unshard", "prefetch")
 
@@ -97,6 +98,11 @@ def _context(name: str) -> str | None:
     return None
 
 
+def slice_name(term: str) -> str:
+    """A term's slice name (``SLICE_NAMES``; a term it does not name yet, as ``ep_comm``: its words)."""
+    return SLICE_NAMES.get(term, term.replace("_", " "))
+
+
 def _comm(span: Span) -> str | None:
     n = span.name.lower()
     if span.cat in DEVICE_CATS:
@@ -105,7 +111,9 @@ def _comm(span: Span) -> str | None:
         found = span.cat == "cpu_op" and n.startswith(_COMM_PREFIXES) and "wrap_tensor" not in n
     if not found:
         return None
-    return "p2p" if "send" in n or "recv" in n else "collective"
+    if "send" in n or "recv" in n:
+        return "p2p"
+    return "all_to_all" if "all_to_all" in n or "alltoall" in n else "collective"
 
 
 def term_of(stack: list[Span] | tuple[Span, ...], zero_stage: int) -> str:
@@ -122,9 +130,11 @@ def term_of(stack: list[Span] | tuple[Span, ...], zero_stage: int) -> str:
     gather = "zero3_gather" if zero_stage == 3 else "dp_comm"
     if comm == "p2p":
         return "pp_comm"
-    if comm == "collective" and any(s.ring for s in stack):
+    if comm and any(s.ring for s in stack):
         return "cp_comm"
-    if comm == "collective":
+    if comm == "all_to_all" and ctx in ("F", "B", "recompute"):
+        return "ep_comm"
+    if comm:
         return {"gather": gather, "reduce": "dp_comm", "opt": "dp_comm", None: "other"}.get(ctx, "tp_comm")
     by_context = {"F": "compute", "B": "compute", "recompute": "recompute", "gather": gather, "reduce": "dp_comm",
                   "opt": "optimizer"}
@@ -237,7 +247,7 @@ def _schedule(host: list[Segment], steps: list[Span], t0: float) -> list[list]:
             name, stage, mb = _parse_label(key[2].name)
             out.append([start - t0, end - t0, name, {"stage": stage, "microbatch": mb} if stage is not None else None])
         else:
-            out.append([start - t0, end - t0, SLICE_NAMES[key[1]], None])
+            out.append([start - t0, end - t0, slice_name(key[1]), None])
     out += [[s.start - t0, s.end - t0, f"step {s.name.split()[1]}", None] for s in steps]
     return out
 
@@ -315,7 +325,7 @@ def merged_trace(ranks: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str,
             events.append(slice_event(name, pid, SCHEDULE_THREAD, start, end,
                                       "step" if name.startswith("step ") else name, args))
         for start, end, term in r["split"]:
-            events.append(slice_event(SLICE_NAMES[term], pid, SPLIT_THREAD, start, end, term))
+            events.append(slice_event(slice_name(term), pid, SPLIT_THREAD, start, end, term))
         n = len(r["steps"]) or 1
         summary[str(pid)] = {
             "pp_rank": r["pp_rank"], "dp_rank": r["dp_rank"], "cp_rank": r.get("cp_rank", 0), "tp_rank": r["tp_rank"],

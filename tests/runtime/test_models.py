@@ -153,14 +153,23 @@ def test_new_parameters_start_as_norms_and_biases_do():
     assert sum(p.numel() for p in model.parameters()) == QWEN3ISH.total_params()
 
 
-def test_moe_specs_are_refused_not_built_dense():
-    """moe-tiny describes MoE layers the reference models do not build yet: building it (and so profiling
-    it) is one line, not a silently dense model of another parameter count (issue 31)."""
-    from autoplan.cli.main import main
+def test_mla_specs_are_refused_not_built_as_plain_attention():
+    """deepseek-v3 describes multi-head latent attention and a multi-token-prediction module, which the
+    reference models do not build yet: building it is one line, not a silently different model (issue 31).
+    MoE blocks are built (tests/runtime/test_moe_build.py)."""
     from autoplan.errors import SpecError
     from autoplan.schema import load_model
     from runtime.models import build_model
 
-    with pytest.raises(SpecError, match="moe-tiny: the model has MoE layers .* do not build yet"):
-        build_model(load_model("moe-tiny"), device="meta")
-    assert main(["profile", "moe-tiny", "--quiet", "-o", "/dev/null"]) == 2
+    with pytest.raises(SpecError, match="deepseek-v3: the model has multi-head latent attention .* do not build yet"):
+        build_model(load_model("deepseek-v3"), device="meta")
+    assert build_model(load_model("moe-tiny"), device="meta").blocks["1"].mlp.router.weight.shape == (8, 64)
+
+
+def test_profiling_an_moe_model_is_refused_in_one_line(tmp_path, capsys):
+    """The profiler traces blocks on the meta device, where an MoE layer's routed shapes are unknown: one
+    line and exit status 2, not a traceback (runtime/models/moe.py ``MoE.forward``)."""
+    from autoplan.cli.main import main
+
+    assert main(["profile", "moe-tiny", "--quiet", "-o", str(tmp_path / "p.yaml")]) == 2
+    assert "the MoE layer (8 experts) runs on real tensors only" in capsys.readouterr().err

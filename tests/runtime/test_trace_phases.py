@@ -46,11 +46,27 @@ def test_host_split_is_exact():
     phases = rank_phases(events, zero_stage=0)
     assert [s["step"] for s in phases["steps"]] == [4, 5]
     expected = {"compute": 460, "recompute": 90, "tp_comm": 50, "pp_comm": 50, "bubble": 210, "optimizer": 100,
-                "other": 40, "zero3_gather": 0, "dp_comm": 0, "cp_comm": 0}
+                "other": 40, "zero3_gather": 0, "dp_comm": 0, "cp_comm": 0, "ep_comm": 0}
     for step in phases["steps"]:
         assert step["duration_s"] == pytest.approx(1e-3)
         assert {k: round(v * 1e6, 6) for k, v in step["terms_s"].items()} == expected
     assert phases["steps"][1]["start_us"] == 1500.0  # aligned on the first traced step's start
+
+
+def test_all_to_all_in_forward_and_backward_is_ep_comm():
+    """MoE dispatch and combine (all_to_all_single) inside a forward or backward: ep_comm, not tp_comm."""
+    t0 = 1000.0
+    events = [label("autoplan:step 1", t0, 1000),
+              label("autoplan:forward 0 0", t0 + 100, 300),
+              op("aten::linear", t0 + 100, 100),                         # compute 100
+              op("_c10d_functional::all_to_all_single", t0 + 200, 60),   # ep comm 60
+              op("aten::linear", t0 + 260, 140),                         # compute 140
+              label("autoplan:backward 0 0", t0 + 500, 300),
+              op("c10d::alltoall_base_", t0 + 500, 40),                  # ep comm 40
+              op("aten::mm", t0 + 540, 260)]                             # compute 260
+    [step] = rank_phases(events, zero_stage=0)["steps"]
+    terms = {k: round(v * 1e6, 6) for k, v in step["terms_s"].items()}
+    assert (terms["ep_comm"], terms["compute"], terms["tp_comm"]) == (100, 500, 0)
 
 
 def test_fsdp_and_zero1_contexts():
