@@ -68,7 +68,7 @@ def unique_params(module) -> int:
 
 
 def counts(spec, profile_arg: str) -> dict:
-    if spec.unpriced() is not None:  # MoE / MLA: the spec's count only (module docstring)
+    if spec.moe is not None or spec.mla is not None:  # MoE / MLA: the spec's count only (module docstring)
         return {"spec": spec.total_params()}
     from autoplan.cost.local_params import local_params_per_rank
     from autoplan.profiler.model_profile import ProfileOptions, profile_model

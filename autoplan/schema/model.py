@@ -63,7 +63,8 @@ class ModelSpec:
     optionally biases on q, k, v (Qwen2), per-head RMSNorm on q and k (Qwen3), a head width other than
     hidden_size / heads (Qwen3) and Llama 3.1's RoPE scaling; Mixture-of-Experts feed-forward layers
     (``moe``: Mixtral, Qwen-MoE, DeepSeek-V3), DeepSeek's multi-head latent attention (``mla``) and its
-    multi-token-prediction modules (``mtp_layers``), which the cost model does not price yet (``unpriced``).
+    multi-token-prediction modules (``mtp_layers``), which the cost model prices (cost/moe_ops.py) and the
+    runtime builds in part (``runtime_refusal``).
 
     Every field added after the first release has a default meaning "as before" and is left out of the
     YAML/JSON written for a spec while it holds that default (``defaults_omitted``), so the plan files,
@@ -246,17 +247,12 @@ class ModelSpec:
                         "(its q and kv projections are low-rank, with RMSNorms on the latents): remove it")
 
     def unpriced(self) -> str | None:
-        """What of this model the cost model does not price yet (issue 31), as a phrase; None if nothing.
-        ``plan`` and ``estimate`` refuse such a model (cli/common.py ``load_inputs``) and ``layer_params``
-        raises for it, so that no path prices an MoE or MLA model as the dense one it is not."""
-        parts = []
-        if self.moe is not None:
-            parts.append(f"MoE layers ({self.moe.num_experts} experts, top {self.moe.experts_per_token})")
-        if self.mla is not None:
-            parts.append("multi-head latent attention")
-        if self.mtp_layers:
-            parts.append(f"{self.mtp_layers} multi-token-prediction module{'s' * (self.mtp_layers > 1)}")
-        return (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]) if parts else None
+        """What of this model the cost model does not price, as a phrase; None if nothing. MoE blocks are
+        priced as a leading run of dense blocks and then MoE ones (cost/moe_ops.py); dense blocks between MoE
+        ones (Qwen2-MoE's ``decoder_sparse_step`` > 1) are not, and ``plan``/``estimate`` refuse them."""
+        if self.moe is not None and self.moe.layer_frequency > 1:
+            return f"dense blocks between MoE ones (moe.layer_frequency {self.moe.layer_frequency})"
+        return None
 
     def padded_vocab_size(self, tp: int = 1) -> int:
         """Rows of the embedding and the output projection at TP size ``tp`` (Megatron-LM's
@@ -330,14 +326,11 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """Parameters of one transformer block, biases and norm weights included: the block every layer is,
-        which the cost model multiplies by the layers of a stage. Raises for a model whose blocks differ
-        (MoE and dense ones) or whose attention the cost model does not price (``unpriced``): count those
-        with ``block_params``, ``total_params`` and ``active_params``."""
-        reason = self.unpriced()
-        if reason is not None:
-            raise SpecError(f"{self.name}: layer_params: the model has {reason}, whose blocks are not one dense "
-                            "block: the cost model prices MoE layers and MLA not yet: issue 31 (count with "
-                            "block_params, total_params, active_params)")
+        which the cost model multiplies by the layers of a stage. Raises for an MoE model, whose blocks differ
+        (dense and MoE ones): count those with ``block_params``, ``total_params`` and ``active_params``."""
+        if self.moe is not None:
+            raise SpecError(f"{self.name}: layer_params: the model has MoE blocks and dense ones, not one block; "
+                            "count with block_params, total_params or active_params")
         return self._dense_block_params()
 
     def attention_params(self) -> int:

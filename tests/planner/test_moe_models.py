@@ -161,13 +161,16 @@ def test_yaml_round_trip(tmp_path, name):
 
 
 def test_layer_params_refuses_an_moe_spec():
-    """The cost model multiplies layer_params by a stage's layers: an MoE spec would be priced as dense."""
+    """The cost model multiplies layer_params by a stage's layers: an MoE spec has two kinds of block."""
     spec = load_model("moe-tiny")
-    with pytest.raises(SpecError, match="MoE layers .*not yet: issue 31") as err:
+    with pytest.raises(SpecError, match="layer_params: the model has MoE blocks and dense ones") as err:
         spec.layer_params()
     assert "\n" not in str(err.value)
     dense = dataclasses.replace(spec, moe=None)
     assert dense.layer_params() == dense.block_params(1) and dense.unpriced() is None
+    assert spec.unpriced() is None
+    sparse_step = dataclasses.replace(spec, moe=dataclasses.replace(spec.moe, layer_frequency=2))
+    assert "moe.layer_frequency 2" in sparse_step.unpriced()
 
 
 @pytest.mark.parametrize(("change", "message"), [
