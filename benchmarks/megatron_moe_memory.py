@@ -56,7 +56,7 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class MegatronArgs:
-    """The arguments the formula reads, named exactly as Megatron-LM's argparse names them."""
+    """The arguments the formula reads, named exactly as Megatron-LM's command-line parser names them."""
 
     num_layers: int
     hidden_size: int

@@ -40,6 +40,9 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-margin", type=float, default=0.1, help="share of device memory kept free (0.1)")
     p.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
                    help="data-parallel gradient reduction after the backward instead of overlapped with it")
+    p.add_argument("--moe-imbalance", type=float, default=1.0,
+                   help="Mixture of Experts: tokens the busiest expert receives over its balanced share, in [1, 64] "
+                        "(1.0: balanced, as published benchmarks force it)")
     p.add_argument("--stack", default=DEFAULT_STACK,
                    help=f"the training stack that will run the plan: {', '.join(shipped_names('stacks'))}, or a stack "
                         f"profile YAML (default {DEFAULT_STACK}, this project's runtime)")
@@ -86,10 +89,6 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
     for name in ("nodes", "devices_per_node", "global_batch_size", "seq_len", *counted_dimensions()):
         positive(name.replace("_", "-"), getattr(args, name, None))
     model = load_any_model(args.model)
-    reason = model.unpriced() if isinstance(model, ModelSpec) else None
-    if reason is not None:  # before any cost code: it would price every block as a dense one
-        raise SpecError(f"{args.model}: the model has {reason}, which plan and estimate cannot price: the cost "
-                        "model prices every block as a dense one, MoE layers and MLA not yet: issue 31")
     if args.make_vocab_size_divisible_by is not None:
         positive("make-vocab-size-divisible-by", args.make_vocab_size_divisible_by)
         if not isinstance(model, ModelSpec):
@@ -112,8 +111,9 @@ def load_inputs(args: argparse.Namespace) -> tuple[ModelSpec | ModelProfile, Clu
         TrainingSetup(global_batch_size=args.global_batch_size, seq_len=args.seq_len or default_seq,
                       precision=precision, optimizer=args.optimizer, memory_margin=args.memory_margin,
                       attention=args.attention, grad_accumulation_fusion=args.grad_accumulation_fusion,
-                      overlap_grad_reduce=args.overlap_grad_reduce),
-        {"global_batch_size": "--global-batch-size", "seq_len": "--seq-len", "memory_margin": "--memory-margin"})
+                      overlap_grad_reduce=args.overlap_grad_reduce, moe_imbalance=getattr(args, "moe_imbalance", 1.0)),
+        {"global_batch_size": "--global-batch-size", "seq_len": "--seq-len", "memory_margin": "--memory-margin",
+         "moe_imbalance": "--moe-imbalance"})
     if isinstance(model, ModelSpec):  # before the search: a plan the runtime would refuse is never written
         from autoplan.schema.plan import sequence_refusal
         reason = sequence_refusal(model, training)

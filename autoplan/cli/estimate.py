@@ -28,12 +28,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, global_batch: int) -> Layout:
+def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, global_batch: int,
+                dense_layers: int = 0) -> Layout:
     """The configuration given on the command line (the dimensions left out take their defaults), with
-    the layers split evenly and every layer recomputed as ``--recompute`` says."""
+    the layers split evenly and every layer recomputed as ``--recompute`` says; a MoE model's
+    ``dense_layers`` leading dense blocks all on stage 0, never recomputed (cost/stage_table.py)."""
     from autoplan.cost.estimate import layout_of
     from autoplan.cost.evaluate import StageShape
-    from autoplan.search.space import stage_splits
+    from autoplan.search.space import table_splits
 
     given = {f.name: getattr(args, f.name) for f in parallel_dimensions() if f.metadata["pinnable"]}
     cp = given["cp"] or 1
@@ -52,19 +54,23 @@ def even_layout(args: argparse.Namespace, num_layers: int, num_devices: int, glo
     stages = args.pp * values["virtual_stages"]
     if stages > num_layers:
         raise SpecError(f"--pp: pp x virtual stages = {stages} exceeds the {num_layers} layers")
-    split = stage_splits(num_layers, stages, 0)[0]
+    # the even split (stage 0 counting only its MoE blocks when the model has leading dense ones)
+    split = table_splits(num_layers, stages, 0, dense_layers)[0]
     mode = args.recompute or "none"
-    shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)
-    return layout_of(ParallelConfig(**values), shapes)
+    k = dense_layers if mode == "full" else 0  # full: the dense blocks too (they have no selective mode)
+    shapes = tuple(StageShape(n + (dense_layers if i == 0 else 0), n if mode == "selective" else 0,
+                              n + (k if i == 0 else 0) if mode == "full" else 0) for i, n in enumerate(split))
+    return layout_of(ParallelConfig(**values), shapes, dense_layers - k)
 
 
 def run(args: argparse.Namespace) -> int:
     from autoplan.cost.estimate import estimate_layout, with_local_params
     from autoplan.cost.model_workload import workload_fn
-    from autoplan.search.space import num_layers_of, tp_options
+    from autoplan.search.space import dense_layers_of, num_layers_of, tp_options
 
     model, cluster, training = load_inputs(args)
-    layout = even_layout(args, num_layers_of(model), cluster.num_devices, training.global_batch_size)
+    layout = even_layout(args, num_layers_of(model), cluster.num_devices, training.global_batch_size,
+                         dense_layers_of(model))
     spec = runnable_spec(model)
     if spec is not None:
         check_fits(layout, spec, training, cluster.num_devices)

@@ -16,9 +16,10 @@ tensors every TP rank holds in full, r = 1/t under sequence parallelism and 1 ot
 
 Mixture-of-Experts blocks, multi-head latent attention and the multi-token-prediction modules are built by
 cost/moe_ops.py from parts (attention, dense SwiGLU, router and routed experts, shared experts) that add up;
-a dense block of such a model with GQA is this module's ``block_ops`` itself. ``analytic_workload`` gives an MoE
-model's MoE block as ``block``, its leading dense block as ``dense_block`` and folds the MTP modules into the
-head; interleaved dense and MoE blocks (``moe.layer_frequency`` > 1) are refused.
+a dense block of such a model with GQA is this module's ``block_ops`` itself. cost/spec_workload.py
+``analytic_workload`` gives an MoE model's MoE block as ``block``, its leading dense block as ``dense_block``
+and folds the MTP modules into the head; interleaved dense and MoE blocks (``moe.layer_frequency`` > 1) are
+refused.
 
 Context parallelism (cp > 1, flash attention only): every layer is built for the whole sequence and then
 split by ``layer_ops.shard_sequence`` (token-linear quantities / cp, the attention core's 1/cp share); a
@@ -67,9 +68,9 @@ from autoplan.cost import activations as act
 from autoplan.cost.activations import SavedBytes, elem_bytes
 from autoplan.cost.context_parallel import ring_exchange
 from autoplan.cost.flops import attended_keys
-from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, layer_cost, shard_sequence
-from autoplan.cost.workload import LayerSplit, Workload, build_workload
-from autoplan.schema import Cluster, ModelSpec, StackProfile, TrainingSetup
+from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, shard_sequence
+from autoplan.cost.workload import LayerSplit
+from autoplan.schema import ModelSpec, StackProfile, TrainingSetup
 
 # (forward compute ops, forward views, backward compute ops, backward views) per layer and architecture,
 # dropout 0, counted by autoplan.profiler.hardware.op_count on the runtime's layers (the head includes the
@@ -305,41 +306,3 @@ def head_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> La
                    saved_bytes=act.head_input_saved_bytes(model, split, training),
                    host=with_loss_ops(host_ops(model, "head"), -1), eager_bytes=(fwd - loss_fwd, bwd - loss_bwd))
     return head_of_vocabulary(rows, model.hidden_size, own, not model.tie_embeddings, split, training)
-
-
-def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetup, split: LayerSplit,
-                      stack: StackProfile) -> Workload:
-    """A spec's per-layer costs for one split on ``cluster`` as ``stack`` runs them. An MoE model's ``block``
-    is one MoE block and its leading dense blocks are ``dense_block`` (``dense_layers`` of them); MLA blocks
-    and the multi-token-prediction modules (folded into the head, which the last stage runs) are
-    cost/moe_ops.py's."""
-    tp, cp = split.tp, split.cp
-    vocab = model.padded_vocab_size(tp)
-    tokens = split.micro_batch_size * training.seq_len
-    from autoplan.cost import moe_ops as moe  # built on this module's layers
-
-    moe.refuse_unpriced(model)
-    layered = model.moe is not None or model.mla is not None
-    block = moe.any_block_ops(model.num_layers - 1, model, split, training, stack) if layered \
-        else block_ops(model, split, training, stack)
-    head = head_ops(model, split, training)
-    if model.mtp_layers:
-        last = model.is_moe_block(model.num_layers - 1)
-        head = moe.merge(head, *(moe.mtp_ops(i, model, split, training, stack,
-                                             block if model.is_moe_block(model.num_layers + i) == last else None)
-                                 for i in range(model.mtp_layers)))
-    workload = build_workload(
-        embedding_ops(model, split, training), block, head,
-        num_layers=model.num_layers, split=split, cluster=cluster, training=training, stack=stack,
-        # the MTP modules embed the shifted tokens on the last stage: Megatron's GPTModel builds the embedding
-        # there too (``mtp_process``) and reduces its gradient with the first stage's, as for a tied one
-        tied_copy_params=vocab * model.hidden_size / tp if model.tie_embeddings or model.mtp_layers else 0.0,
-        output_bytes=act.stage_output_bytes(model, split, training) / cp,
-        logits_transient_bytes=act.logits_transient_bytes(tokens, tp, elem_bytes(training.activation_precision),
-                                                          vocab) / cp,
-    )
-    dense = model.moe.first_dense_layers if model.moe is not None else 0
-    if not dense:
-        return workload
-    dense_block = layer_cost(moe.dense_block_ops(model, split, training, stack), cluster, training, stack, split.dims)
-    return replace(workload, dense_layers=dense, dense_block=dense_block)

@@ -62,6 +62,33 @@ class Evaluation:
     fits: bool
 
 
+def table_shapes(t: StageTable, shapes: tuple[StageShape, ...]) -> tuple[StageShape, ...]:
+    """A plan's per-stage counts (every block) as the table's layout variables: stage 0 less a MoE model's
+    leading dense blocks, which it must hold and which the table recomputes fully or not at all
+    (``dense_full``, stage_table.py). ValueError when stage 0 holds fewer blocks than that, or its counts
+    do not match the table's choice for them."""
+    k = t.dense_layers
+    if not k or not shapes:
+        return shapes
+    first = shapes[0]
+    full = first.full - (k if t.dense_full else 0)
+    if first.layers < k or full < 0 or first.selective + full > first.layers - k:
+        raise ValueError(f"stage 0 holds {first.layers} blocks ({first.full} recomputed fully, {first.selective} "
+                         f"selectively): it must hold the model's {k} leading dense blocks, "
+                         f"{'all' if t.dense_full else 'none'} of them recomputed")
+    return (StageShape(first.layers - k, first.selective, full), *shapes[1:])
+
+
+def plan_shapes(t: StageTable, shapes: tuple[StageShape, ...]) -> tuple[StageShape, ...]:
+    """The inverse of ``table_shapes``: stage 0 with its leading dense blocks counted (in its fully
+    recomputed count too under ``dense_full``)."""
+    k = t.dense_layers
+    if not k or not shapes:
+        return shapes
+    first = shapes[0]
+    return (StageShape(first.layers + k, first.selective, first.full + (k if t.dense_full else 0)), *shapes[1:])
+
+
 def shape_values(shapes: tuple[StageShape, ...]) -> dict[Var, int]:
     values: dict[Var, int] = {}
     for s, shape in enumerate(shapes):

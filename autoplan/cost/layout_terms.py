@@ -58,13 +58,14 @@ class LayoutTerms:
         S, last = t.num_stages, t.num_stages - 1
         self.num_stages = S
         self.num_microbatches = t.config.num_microbatches
-        self.fwd_const = [(t.embedding.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == last else 0) + t.action_fwd_ns
-                          for s in range(S)]
-        self.bwd_const = [(t.embedding.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == last else 0) + t.action_bwd_ns
-                          for s in range(S)]
+        # stage 0 holds the embedding and a MoE model's leading dense blocks (stage_table.py)
+        self.fwd_const = [(t.embedding.fwd_ns + t.dense.fwd_ns if s == 0 else 0) + (t.head.fwd_ns if s == last else 0)
+                          + t.action_fwd_ns for s in range(S)]
+        self.bwd_const = [(t.embedding.bwd_ns + t.dense.bwd_ns if s == 0 else 0) + (t.head.bwd_ns if s == last else 0)
+                          + t.action_bwd_ns for s in range(S)]
         self.block_fwd, self.block_bwd, self.block_wgt = t.block.fwd_ns, t.block.bwd_ns, t.block.wgt_ns
         self.split = t.split_backward
-        self.wgt_const = [(t.embedding.bwd_ns if s == 0 else 0) + (t.head.wgt_ns if s == last else 0)
+        self.wgt_const = [(t.embedding.bwd_ns + t.dense.wgt_ns if s == 0 else 0) + (t.head.wgt_ns if s == last else 0)
                           for s in range(S)]  # stage_terms.stage_wgt
         self.sel_ns, self.full_ns = t.selective_extra_ns, t.full_extra_ns + t.full_extra_weight_ns
         self.full_weight_ns = t.full_extra_weight_ns
@@ -76,8 +77,8 @@ class LayoutTerms:
         self.p2p = list(t.p2p_ns)
         self.late_receive = t.late_receive_ns
         shapes = _schedule_shapes(t.orders, tuple(tuple(t.stages_of(r)) for r in range(t.config.pp)))
-        dp = t.config.dp_cp  # the ranks gradients are reduced over
-        gather_latency = t.gather_latency_ns if dp > 1 and t.config.zero_stage in (1, 2) else 0
+        reduces = t.reduces  # some gradient is reduced over ranks (dp x cp, or the experts' edp)
+        gather_latency = t.gather_latency_ns if reduces and t.config.zero_stage in (1, 2) else 0
         self.memo: dict = {}
         """Per-rank answers that splits of this configuration share (the search's recompute bounds)."""
         self.ranks: list[RankTerms] = []
@@ -85,16 +86,18 @@ class LayoutTerms:
             first, has_last = 0 in stages, last in stages
             self.ranks.append(RankTerms(
                 rank=r, stages=stages, peaks=peaks,
-                state_const=(t.embedding_state_bytes if first else 0) + (t.head_state_bytes if has_last else 0)
-                + t.baseline_bytes,
-                act_const=tuple((t.embedding_act_bytes if s == 0 else 0) + (t.head_act_bytes if s == last else 0)
-                                for s in stages),
-                fixed=t.zero3_buffer_bytes + max(t.ring_transient_bytes, t.logits_transient_bytes if has_last else 0),
-                sync_const=((t.sync_embedding_ns if first else 0) + (t.sync_head_ns if has_last else 0)
-                            + t.sync_latency_ns) if dp > 1 else 0,
-                sync_per_layer=t.sync_block_ns if dp > 1 else 0,
+                state_const=(t.embedding_state_bytes + t.dense_state_bytes if first else 0)
+                + (t.head_state_bytes if has_last else 0) + t.baseline_bytes,
+                act_const=tuple((t.embedding_act_bytes + t.dense_act_bytes if s == 0 else 0)
+                                + (t.head_act_bytes if s == last else 0) for s in stages),
+                fixed=t.zero3_buffer_bytes + max(t.ring_transient_bytes, t.logits_transient_bytes if has_last else 0)
+                + (t.dense_transient_bytes if first else 0),
+                sync_const=((t.sync_embedding_ns + t.dense_sync_ns if first else 0)
+                            + (t.sync_head_ns if has_last else 0) + t.sync_latency_ns) if reduces else 0,
+                sync_per_layer=t.sync_block_ns if reduces else 0,
                 before_const=t.tied_sync_ns if first or has_last else 0,
-                after_const=(t.gather_embedding_ns + t.optim_embedding_ns if first else 0)
+                after_const=(t.gather_embedding_ns + t.optim_embedding_ns + t.dense_gather_ns + t.dense_optim_ns
+                             if first else 0)
                 + (t.gather_head_ns + t.optim_head_ns if has_last else 0) + gather_latency + t.step_sync_ns,
                 after_per_layer=t.gather_block_ns + t.optim_block_ns,
                 window_stage=last_stage if t.overlap_grad_reduce else None,

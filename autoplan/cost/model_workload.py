@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from autoplan.cost.analytic_ops import analytic_workload
+from autoplan.cost.spec_workload import analytic_workload
 from autoplan.cost.profile_ops import profile_workload_fn
 from autoplan.cost.workload import LayerSplit, Workload, WorkloadFn
 from autoplan.schema import DEFAULT_STACK, Cluster, ModelSpec, StackProfile, TrainingSetup, load_stack

@@ -20,10 +20,34 @@ of their groups (``ParallelDims.span``, cost/comm.py), the gradient reduction ov
 ZeRO-3's gathers prefetched behind compute. What a host adds or changes (a CPU host whose ranks share
 cores and whose collectives do not overlap compute) is the host model's (cost/host_model.py), applied by
 ``cost/tables.build_table``, the one way the planner gets a table.
+
+Mixture of Experts (issue 31). A layer's routed-expert parameters (``LayerCost.expert_params``: of any layer,
+the MoE blocks', and the head's when it carries a multi-token-prediction module's experts) belong to the
+experts' own data-parallel group, ``edp = tp x cp x dp / (ep x etp)`` ranks (ParallelDims.edp, its links
+``expert_span("edp")``): their gradients are reduced, ZeRO shards their states, ZeRO-1/2 all-gathers and
+ZeRO-3 gathers them, and the optimizer steps their shard, over edp; every other parameter keeps dp x cp.
+This is what Megatron-Core does: its expert data-parallel group (megatron/core/parallel_state.py
+``_EXPERT_DATA_PARALLEL_GROUP``, ranks from the expert RankGenerator), over which DistributedDataParallel
+reduces the expert gradients (megatron/core/distributed/distributed_data_parallel.py: buffers of expert
+parameters go to ``expert_parallel_buffers`` with ``data_parallel_group = self.intra_expt_dp_group``) and
+the distributed optimizer shards their states (megatron/core/optimizer/__init__.py: the expert parameter
+groups' optimizer gets ``data_parallel_group=intra_expt_dp_group``). The
+all-to-all of the token dispatch and combine not hidden behind compute (``ep_fwd_s``, ``ep_bwd_s``) is on
+the critical path of the layer, like its TP collectives.
+
+Leading dense blocks (DeepSeek-V3's first 3): the table's layout variables count the *MoE* blocks only
+(``num_layers`` = blocks - ``dense_layers``); stage 0 holds the ``dense_layers`` dense blocks as a constant
+(``dense``, ``dense_*`` fields, added to stage 0 wherever the embedding's terms are), so every term stays
+linear and the blocks the search places stay identical. Those dense blocks either all keep their
+activations, or are all fully recomputed (``dense_full``, a table of its own: per-block choices between two
+block kinds would need a second kind in the recomputation program). ``evaluate.table_shapes`` /
+``plan_shapes`` convert a plan's per-stage counts (every block) to the table's and back.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -32,7 +56,7 @@ from autoplan.cost.comm import collective_bandwidth_s, collective_latency_s, col
 from autoplan.cost.model_states import StateBytes, optimizer_step_bytes, state_bytes_per_param
 from autoplan.cost.workload import LayerCost, Workload
 from autoplan.errors import SpecError
-from autoplan.schema import Cluster, StackProfile, TrainingSetup
+from autoplan.schema import Cluster, ParallelDims, StackProfile, TrainingSetup
 from autoplan.schema.plan import ParallelConfig as Config  # the search's name for it
 from autoplan.schema.schedule import ZERO_BUBBLE, RankOrders, build_schedule, stage_rank, stages_of_rank
 
@@ -125,10 +149,33 @@ class StageTable:
     full_extra_weight_ns: int = 0
     """Under a schedule that splits backwards, what a fully recomputed block adds to its weight backward:
     its forward once per weight group (LayerCost.weight_groups; torch 2.13 reruns it in each)."""
+    dense_layers: int = 0
+    """MoE models: the leading dense blocks stage 0 holds besides its ``n`` MoE blocks (module doc); the
+    ``dense*`` fields below are their totals, added to stage 0's constants."""
+    dense_full: bool = False
+    """Those dense blocks are all fully recomputed (their backward reruns their forward, they keep only their
+    input); otherwise none of them is. The search tries both (search/planner.py)."""
+    dense_transient_bytes: int = 0
+    """With ``dense_full``: one dense block's activations rebuilt in its backward, on the rank holding stage 0."""
+    dense: LayerTimes = LayerTimes(0, 0, 0)
+    dense_state_bytes: int = 0
+    dense_act_bytes: int = 0
+    """Their activations per micro-batch (their inputs only under ``dense_full``)."""
+    dense_sync_ns: int = 0
+    dense_gather_ns: int = 0
+    dense_optim_ns: int = 0
+    expert_edp: int = 1
+    """The experts' data-parallel size when the model has expert parameters (ParallelDims.edp), else 1."""
 
     @property
     def num_stages(self) -> int:
         return self.config.num_stages
+
+    @property
+    def reduces(self) -> bool:
+        """Some gradient is reduced across ranks: over dp x cp, or the experts' over edp (which can exceed 1
+        with dp x cp = 1, e.g. experts replicated over the TP ranks: ep x etp < tp)."""
+        return self.config.dp_cp > 1 or self.expert_edp > 1
 
     @cached_property
     def orders(self) -> RankOrders:
@@ -147,7 +194,7 @@ class StageTable:
     @cached_property
     def _stages_by_rank(self) -> list[list[int]]:
         c = self.config
-        return [list(stages_of_rank(c.schedule, r, c.pp, c.virtual_stages)) for r in range(c.pp)]
+        return _stages_by_rank(c.schedule, c.pp, c.virtual_stages)
 
     def last_backward_stage(self, rank: int) -> int:
         """The stage whose final backward ends the rank's list: the window DP reduction overlaps."""
@@ -161,6 +208,12 @@ class StageTable:
     def split_backward(self) -> bool:
         """The schedule splits backwards into ``I`` and ``W`` (autoplan.schema.schedule.ZERO_BUBBLE)."""
         return self.config.schedule in ZERO_BUBBLE
+
+
+@functools.lru_cache(maxsize=4096)
+def _stages_by_rank(schedule: str, pp: int, virtual_stages: int) -> list[list[int]]:
+    """Each rank's stages (schema/schedule.py), shared by the tables of one schedule (read only)."""
+    return [list(stages_of_rank(schedule, r, pp, virtual_stages)) for r in range(pp)]
 
 
 MAX_TABLE_S = 1e9
@@ -181,9 +234,11 @@ def layer_times(layer: LayerCost, zero3_gather_s: float = 0.0) -> LayerTimes:
     """Forward and backward of one layer with its TP collectives and the unhidden part of its CP ring;
     ZeRO-3 prefetches the next layer's weights during this layer's compute, so only the excess of the
     gather shows. Without a gather these are the least times any configuration with this layer cost can
-    have on devices of their own (the search's group bound)."""
-    fwd = layer.fwd_s + layer.tp_fwd_s + layer.cp_fwd_s + max(0.0, zero3_gather_s - layer.fwd_s)
-    bwd = layer.bwd_s + layer.tp_bwd_s + layer.cp_bwd_s + max(0.0, zero3_gather_s - layer.bwd_s)
+    have on devices of their own (the search's group bound). The MoE all-to-all not hidden (``ep_*_s``) is on the
+critical path, as the TP collectives are (megatron/core/transformer/moe/token_dispatcher.py runs dispatch
+and combine between the router and the experts, and between the experts and the residual add)."""
+    fwd = layer.fwd_s + layer.tp_fwd_s + layer.cp_fwd_s + layer.ep_fwd_s + max(0.0, zero3_gather_s - layer.fwd_s)
+    bwd = layer.bwd_s + layer.tp_bwd_s + layer.cp_bwd_s + layer.ep_bwd_s + max(0.0, zero3_gather_s - layer.bwd_s)
     return LayerTimes(ns(fwd), ns(bwd), min(ns(bwd), ns(layer.bwd_weight_s)))
 
 
@@ -221,9 +276,13 @@ def head_params(workload: Workload, config: Config) -> float:
     return workload.head.params + (workload.tied_copy_params if config.pp > 1 else 0.0)
 
 
-def optimizer_shard(params: float, config: Config) -> float:
-    """Parameters one rank steps: a ZeRO shard over dp x cp from stage 1 up."""
-    return params / config.dp_cp if config.zero_stage >= 1 else params
+def optimizer_shard(params: float, config: Config, expert_params: float = 0.0) -> float:
+    """Parameters one rank steps: a ZeRO shard from stage 1 up, over dp x cp, and of ``expert_params`` (of
+    ``params``) over the experts' edp (module doc)."""
+    if config.zero_stage < 1:
+        return params
+    shard = (params - expert_params) / config.dp_cp
+    return shard + expert_params / config.dims.edp if expert_params else shard
 
 
 def offloaded_step_s(shard: float, cluster: Cluster, training: TrainingSetup) -> float:
@@ -241,79 +300,113 @@ def memory_bound_step_s(cluster: Cluster, training: TrainingSetup, stack: StackP
     return step_bytes / (device.memory_bandwidth_gb_per_s * 1e9 * device.memory_efficiency)
 
 
-def rank_state_bytes(training: TrainingSetup, config: Config, stack: StackProfile) -> StateBytes:
-    """Bytes per parameter a rank holds for its stages: ZeRO's shares (model_states.py), and under
-    pipelining on a stack that keeps them whole, the gathered parameters and the whole gradients."""
-    states = state_bytes_per_param(training, config.zero_stage, config.dp_cp, config.offload_optimizer)
+def rank_state_bytes(training: TrainingSetup, config: Config, stack: StackProfile,
+                     expert: bool = False) -> StateBytes:
+    """Bytes per parameter a rank holds for its stages: ZeRO's shares (model_states.py) over dp x cp, or for
+    routed-expert parameters (``expert``) over the experts' edp (module doc), and under pipelining on a stack
+    that keeps them whole, the gathered parameters and the whole gradients."""
+    shards = config.dims.edp if expert else config.dp_cp
+    states = state_bytes_per_param(training, config.zero_stage, shards, config.offload_optimizer)
     weights = states.weights + (gather_bytes(training, stack) if gathered_stage(config, stack) else 0)
     grads = states.gradients + (reduce_bytes(training, stack) if whole_grads(config, stack) else 0)
     return StateBytes(weights=weights, gradients=grads, optimizer=states.optimizer)
 
 
-def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, config: Config) -> StageTable:
-    """The table on devices that compute on their own (module doc)."""
+def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, config: Config,
+                 dense_full: bool = False) -> StageTable:
+    """The table on devices that compute on their own (module doc); ``dense_full``: a MoE model's leading
+    dense blocks are fully recomputed."""
     c, stack = config, workload.stack
     dims = c.dims
-    # data parallelism and ZeRO run over the dp x cp ranks holding the same parameters (ParallelDims)
+    # data parallelism and ZeRO run over the dp x cp ranks holding the same parameters (ParallelDims), the
+    # routed experts' over their own edp ranks (module doc)
     per_param = rank_state_bytes(training, c, stack).total
+    per_expert_param = rank_state_bytes(training, c, stack, expert=True).total
     dp_link = group_link(cluster, dims.span("dp_cp"))
+    edp_link = group_link(cluster, dims.expert_span("edp"))
     gb, rb = gather_bytes(training, stack), reduce_bytes(training, stack)
     whole_stage = gathered_stage(c, stack)
     per_layer_gathers = c.zero_stage == 3 and not whole_stage
 
-    def times(layer: LayerCost) -> LayerTimes:  # ZeRO-3: all-gather one layer's weights over dp x cp
-        gather = collective_time_s("all_gather", layer.params * gb, dp_link) if per_layer_gathers else 0.0
+    def over_groups(fn, params: float, experts: float) -> float:
+        """``fn(parameters, link)`` for the dp x cp part and, where there are any, the experts' edp part."""
+        return fn(params - experts, dp_link) + (fn(experts, edp_link) if experts else 0.0)
+
+    def times(layer: LayerCost) -> LayerTimes:  # ZeRO-3: all-gather one layer's weights over its groups
+        gather = over_groups(lambda p, link: collective_time_s("all_gather", p * gb, link), layer.params,
+                             layer.expert_params) if per_layer_gathers else 0.0
         return layer_times(layer, gather)
 
     sync_kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
 
-    def sync_ns(params: float) -> int:  # bandwidth part only; latency is counted once per rank
-        return ns(collective_bandwidth_s(sync_kind, params * rb, dp_link))
+    def sync_ns(params: float, experts: float = 0.0) -> int:  # bandwidth part only; latency once per rank
+        return ns(over_groups(lambda p, link: collective_bandwidth_s(sync_kind, p * rb, link), params, experts))
 
-    def gather_ns(params: float) -> int:  # ZeRO-1/2 after the step, a whole stage at the start of it
-        if c.zero_stage in (1, 2) or whole_stage:
-            return ns(collective_bandwidth_s("all_gather", params * gb, dp_link))
+    gathers_after = c.zero_stage in (1, 2) or whole_stage
+
+    def gather_ns(params: float, experts: float = 0.0) -> int:  # ZeRO-1/2 after the step, a whole stage before it
+        if gathers_after:
+            return ns(over_groups(lambda p, link: collective_bandwidth_s("all_gather", p * gb, link), params, experts))
         return 0
 
     step_bytes = memory_bound_step_s(cluster, training, stack)
 
-    def optim_ns(params: float) -> int:
-        shard = optimizer_shard(params, c)
+    def optim_ns(params: float, experts: float = 0.0) -> int:
+        shard = optimizer_shard(params, c, experts)
         if c.offload_optimizer:
             return ns(offloaded_step_s(shard, cluster, training))
         return ns(shard * step_bytes)
 
-    def state(params: float) -> int:
-        return int(math.ceil(params * per_param))
+    def state(params: float, experts: float = 0.0) -> int:
+        dense = params - experts
+        return int(math.ceil(dense * per_param + experts * per_expert_param if experts else dense * per_param))
 
     last_params = head_params(workload, c)
+    head_experts = workload.head.expert_params
+    emb_params, emb_experts = workload.embedding.params, workload.embedding.expert_params
     every_sync, tied_sync = step_sync_s(cluster, c, workload.tied_copy_params * weight_bytes(training))
-    # stage s sends to stage s + 1 on the rank the schedule places it on (schema/schedule.py stage_rank),
-    # inside a node or across; in a V the middle two stages share the last rank (no transfer)
-    per_node = cluster.devices_per_node
-    intra = ns(p2p_time_s(cluster, workload.output_bytes, same_node=True))
-    inter = ns(p2p_time_s(cluster, workload.output_bytes, same_node=False))
-    nodes = dims.pipeline_nodes(per_node)
-
-    def hop(s: int) -> int:
-        a, b = stage_rank(c.schedule, s, c.pp), stage_rank(c.schedule, s + 1, c.pp)
-        return 0 if a == b else intra if nodes[a] == nodes[b] else inter
-
-    p2p = tuple(hop(s) for s in range(c.num_stages - 1))
-    block = workload.block
+    p2p = p2p_ns(workload, cluster, c)
+    block, be = workload.block, workload.block.expert_params
+    k, dense_block = workload.dense_layers, workload.dense_block
+    if k and dense_block is None:
+        raise ValueError("a workload with leading dense layers needs their cost (Workload.dense_block)")
+    has_experts = any(layer.expert_params for layer in (block, workload.embedding, workload.head))
     z3_buffer = 0
     if per_layer_gathers:  # the layer being computed and the one prefetched, unsharded
-        z3_buffer = int(math.ceil(2 * max(block.params, workload.embedding.params, last_params) * gb))
+        largest = max(block.params, workload.embedding.params, last_params, dense_block.params if k else 0.0)
+        z3_buffer = int(math.ceil(2 * largest * gb))
     capacity = cluster.device.memory_gib * (1 - training.memory_margin) * 2**30
+    # the recomputed forward runs its ring and its all-to-all again
+    rerun = block.fwd_s + block.tp_fwd_s + block.cp_fwd_s + block.ep_fwd_s
+    sync_latency = collective_latency_s(sync_kind, dp_link)
+    gather_latency = collective_latency_s("all_gather", dp_link) if gathers_after else 0.0
+    if has_experts:  # the experts' own collectives start once more
+        sync_latency += collective_latency_s(sync_kind, edp_link)
+        gather_latency += collective_latency_s("all_gather", edp_link) if gathers_after else 0.0
+    dense = {}
+    if k:
+        d, de = dense_block, dense_block.expert_params
+        one = times(d)
+        saved, transient, extra, extra_weight = int(math.ceil(d.saved_bytes)), 0, 0, 0
+        if dense_full:  # each reruns its forward in its backward, keeps its input, rebuilds one at a time
+            dense_rerun = ns(d.fwd_s + d.tp_fwd_s + d.cp_fwd_s + d.ep_fwd_s)
+            extra_weight = d.weight_groups * dense_rerun if c.schedule in ZERO_BUBBLE else 0
+            extra = dense_rerun + extra_weight
+            saved, transient = int(math.ceil(d.full_saved_bytes)), int(math.ceil(d.saved_bytes - d.full_saved_bytes))
+        dense = dict(dense_layers=k, dense_full=dense_full,
+                     dense=LayerTimes(k * one.fwd_ns, k * (one.bwd_ns + extra), k * (one.wgt_ns + extra_weight)),
+                     dense_transient_bytes=transient,
+                     dense_state_bytes=k * state(d.params, de), dense_act_bytes=k * saved,
+                     dense_sync_ns=k * sync_ns(d.params, de), dense_gather_ns=k * gather_ns(d.params, de),
+                     dense_optim_ns=k * optim_ns(d.params, de))
     return StageTable(
-        config=c, num_layers=workload.num_layers,
+        config=c, num_layers=workload.num_layers - k,
         block=times(block), selective_extra_ns=ns(block.selective_extra_s),
-        full_extra_ns=ns(block.fwd_s + block.tp_fwd_s + block.cp_fwd_s),  # the recomputed forward runs its ring too
-        full_extra_weight_ns=(block.weight_groups * ns(block.fwd_s + block.tp_fwd_s + block.cp_fwd_s)
-                              if c.schedule in ZERO_BUBBLE else 0),
+        full_extra_ns=ns(rerun),
+        full_extra_weight_ns=block.weight_groups * ns(rerun) if c.schedule in ZERO_BUBBLE else 0,
         embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p, late_receive_ns=0,
-        block_state_bytes=state(block.params), embedding_state_bytes=state(workload.embedding.params),
-        head_state_bytes=state(last_params),
+        block_state_bytes=state(block.params, be), embedding_state_bytes=state(emb_params, emb_experts),
+        head_state_bytes=state(last_params, head_experts),
         block_act_bytes=int(math.ceil(block.saved_bytes)),
         block_act_selective_bytes=int(math.ceil(block.selective_saved_bytes)),
         block_act_full_bytes=int(math.ceil(block.full_saved_bytes)),
@@ -322,19 +415,61 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         logits_transient_bytes=int(math.ceil(workload.logits_transient_bytes)),
         zero3_buffer_bytes=z3_buffer, capacity_bytes=int(capacity),
         ring_transient_bytes=int(math.ceil(workload.ring_transient_bytes)),
-        sync_block_ns=sync_ns(block.params), sync_embedding_ns=sync_ns(workload.embedding.params),
-        sync_head_ns=sync_ns(last_params), sync_latency_ns=ns(collective_latency_s(sync_kind, dp_link)),
-        gather_block_ns=gather_ns(block.params), gather_embedding_ns=gather_ns(workload.embedding.params),
-        gather_head_ns=gather_ns(last_params),
-        gather_latency_ns=ns(collective_latency_s("all_gather", dp_link)) if c.zero_stage in (1, 2) or whole_stage else 0,
-        optim_block_ns=optim_ns(block.params), optim_embedding_ns=optim_ns(workload.embedding.params),
-        optim_head_ns=optim_ns(last_params),
+        sync_block_ns=sync_ns(block.params, be), sync_embedding_ns=sync_ns(emb_params, emb_experts),
+        sync_head_ns=sync_ns(last_params, head_experts), sync_latency_ns=ns(sync_latency),
+        gather_block_ns=gather_ns(block.params, be), gather_embedding_ns=gather_ns(emb_params, emb_experts),
+        gather_head_ns=gather_ns(last_params, head_experts), gather_latency_ns=ns(gather_latency),
+        optim_block_ns=optim_ns(block.params, be), optim_embedding_ns=optim_ns(emb_params, emb_experts),
+        optim_head_ns=optim_ns(last_params, head_experts),
         # torch's schedule runtime reduces a stage's gradients after its last backward, nothing to hide behind
         overlap_grad_reduce=training.overlap_grad_reduce and not (stack.pipeline_reduces_once and c.num_stages > 1),
         reserve_permille=reserve_permille(stack),
         step_sync_ns=ns(every_sync), tied_sync_ns=ns(tied_sync),
         baseline_bytes=int(cluster.device.memory_baseline_gib * 2**30),
+        expert_edp=dims.edp if has_experts else 1, **dense,
     )
+
+
+def p2p_ns(workload: Workload, cluster: Cluster, c: Config) -> tuple[int, ...]:
+    """Transfer time from each stage to the next: stage s sends to stage s + 1 on the rank the schedule
+    places it on (schema/schedule.py stage_rank), inside a node or across; in a V the middle two stages
+    share the last rank (no transfer)."""
+    intra = ns(p2p_time_s(cluster, workload.output_bytes, same_node=True))
+    inter = ns(p2p_time_s(cluster, workload.output_bytes, same_node=False))
+    nodes = _pipeline_nodes(c.dims, cluster.devices_per_node)
+
+    def hop(s: int) -> int:
+        a, b = stage_rank(c.schedule, s, c.pp), stage_rank(c.schedule, s + 1, c.pp)
+        return 0 if a == b else intra if nodes[a] == nodes[b] else inter
+
+    return tuple(hop(s) for s in range(c.num_stages - 1))
+
+
+def with_schedule(t: StageTable, workload: Workload, cluster: Cluster, config: Config) -> StageTable:
+    """``device_table(workload, cluster, training, config)`` from the device table ``t`` of a configuration
+    that differs from ``config`` only in its schedule and stages per rank, with the same pp (so the same
+    "one stage or several"): only the transfers and a split backward's reruns change. The search builds
+    one table per (group, ZeRO stage, offload, whether the stack hides the experts' exchange) and derives the
+    schedules' from it (tests check equality)."""
+    old = t.config
+    same = dataclasses.replace(config, schedule=old.schedule, virtual_stages=old.virtual_stages)
+    if same != old or (old.num_stages > 1) != (config.num_stages > 1):
+        raise ValueError(f"{config} is not {old} with another schedule")
+    weight_reruns = workload.block.weight_groups * t.full_extra_ns if config.schedule in ZERO_BUBBLE else 0
+    dense = t.dense
+    if t.dense_full:  # the recomputed dense blocks' weight-backward reruns come and go with a split backward
+        d = workload.dense_block
+        per_block = d.weight_groups * ns(d.fwd_s + d.tp_fwd_s + d.cp_fwd_s + d.ep_fwd_s)
+        change = t.dense_layers * per_block * ((config.schedule in ZERO_BUBBLE) - (old.schedule in ZERO_BUBBLE))
+        dense = LayerTimes(dense.fwd_ns, dense.bwd_ns + change, dense.wgt_ns + change)
+    return dataclasses.replace(t, config=config, p2p_ns=p2p_ns(workload, cluster, config),
+                               full_extra_weight_ns=weight_reruns, dense=dense)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipeline_nodes(dims: ParallelDims, devices_per_node: int) -> tuple[int, ...]:
+    """ParallelDims.pipeline_nodes, kept: the search builds thousands of tables of a few hundred layouts."""
+    return dims.pipeline_nodes(devices_per_node)
 
 
 def step_sync_s(cluster: Cluster, config: Config, tied_grad_bytes: float) -> tuple[float, float]:

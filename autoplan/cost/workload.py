@@ -2,7 +2,7 @@
 
 A ``Workload`` is built in one place, ``build_workload``, from the ``LayerOps`` of the embedding, one block
 and the head (cost/layer_ops.py prices them on a cluster, as a stack runs them). Two sources describe those
-layers: a ModelSpec (cost/analytic_ops.py, ``analytic_workload``) and a traced model profile
+layers: a ModelSpec (cost/analytic_ops.py and moe_ops.py, through spec_workload.py ``analytic_workload``) and a traced model profile
 (cost/profile_ops.py, ``profile_workload``); cost/model_workload.py picks one for whatever the user named.
 Everything downstream (memory, pipeline simulation, search) sees only ``Workload``, so a profiled model is
 planned exactly like a built-in one.
@@ -13,14 +13,16 @@ recomputation counts are then all that distinguishes stages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from autoplan.cost.layer_ops import BACKWARD_FACTOR, LayerCost, LayerOps, layer_cost
 from autoplan.cost.split import LayerSplit
 from autoplan.schema import Cluster, StackProfile, TrainingSetup
+from autoplan.schema.plan import ParallelConfig
 
-__all__ = ["BACKWARD_FACTOR", "LayerCost", "LayerSplit", "Workload", "WorkloadFn", "build_workload"]
+__all__ = ["BACKWARD_FACTOR", "LayerCost", "LayerSplit", "Workload", "WorkloadFn", "build_workload",
+           "least_exchange", "with_exposed_exchange"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +65,27 @@ def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_
                     tied_copy_params=tied_copy_params, output_bytes=output_bytes,
                     logits_transient_bytes=logits_transient_bytes,
                     ring_transient_bytes=block.ring.transient_bytes if block.ring is not None else 0.0)
+
+
+def with_exposed_exchange(w: Workload, config: ParallelConfig) -> Workload:
+    """The workload as ``config`` runs it: where the stack overlaps the experts' all-to-alls with the paired
+    micro-batch's kernels (``StackProfile.ep_comm_overlap``) and the configuration allows it
+    (``ParallelConfig.ep_overlap_possible``: Megatron-Core's condition), each layer's ``ep_*_s`` less its
+    hideable share (``LayerCost.ep_hideable_*_s``). The cost table (cost/tables.py) and the breakdown
+    (cost/estimate.py) both read the workload through this, so they agree."""
+    if w.stack.ep_comm_overlap == 0 or not config.ep_overlap_possible:
+        return w
+    return least_exchange(w)
+
+
+def least_exchange(w: Workload) -> Workload:
+    """The workload with every hideable share of the experts' exchange hidden: the least layer times any
+    configuration of a split can have (the search's group bound, search/bounds.py)."""
+    def exposed(layer: LayerCost | None) -> LayerCost | None:
+        if layer is None or not (layer.ep_hideable_fwd_s or layer.ep_hideable_bwd_s):
+            return layer
+        return replace(layer, ep_fwd_s=layer.ep_fwd_s - layer.ep_hideable_fwd_s,
+                       ep_bwd_s=layer.ep_bwd_s - layer.ep_hideable_bwd_s, ep_hideable_fwd_s=0.0, ep_hideable_bwd_s=0.0)
+
+    return replace(w, embedding=exposed(w.embedding), block=exposed(w.block), head=exposed(w.head),
+                   dense_block=exposed(w.dense_block))

@@ -173,7 +173,7 @@ def verdict(data: dict[str, Any]) -> str:
 
 
 def _label(term: str) -> str:
-    return SLICE_NAMES[term] + (" (not modelled)" if term == "other" else "")
+    return SLICE_NAMES.get(term, term.replace("_", " ")) + (" (not modelled)" if term == "other" else "")
 
 
 def render_comparison(data: dict[str, Any], metrics_path: str) -> str:

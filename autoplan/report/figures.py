@@ -24,7 +24,8 @@ COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#C44E52", 
            "optimizer": "#8172B2"}
 IDLE = "#EEEEEE"
 MEMORY_KINDS = (("weights", "weights_gib", "#4C72B0"), ("gradients", "gradients_gib", "#DD8452"),
-                ("optimizer state", "optimizer_gib", "#8172B2"), ("activations", "activations_gib", "#55A868"),
+                ("optimizer state", "optimizer_gib", "#8172B2"), ("expert states", "expert_states_gib", "#8C8C3C"),
+                ("activations", "activations_gib", "#55A868"),
                 ("buffers", "buffers_gib", "#937860"), ("fragmentation reserve", "reserve_gib", "#BBBBBB"),
                 ("process baseline", "runtime_gib", "#DA8BC3"))
 
@@ -106,6 +107,8 @@ def _draw_memory(ax, sim: SimulatedStep, Patch) -> None:
     bottoms = [0.0] * pp
     for label, field, colour in MEMORY_KINDS:
         values = [getattr(m, field) * factor for m in sim.memory_per_rank]
+        if field == "expert_states_gib" and not any(values):  # a dense model: no bar, no legend entry
+            continue
         ax.bar(range(pp), values, bottom=bottoms, color=colour, label=label, width=0.6)
         bottoms = [b + v for b, v in zip(bottoms, values)]
     for r, total in enumerate(bottoms):

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from autoplan.cost.estimate import config_of, memory_breakdown, predict, shapes_of, split_of, time_breakdown
-from autoplan.cost.evaluate import Evaluation, StageShape, evaluate
+from autoplan.cost.estimate import (
+    config_of, dense_full_of, memory_breakdown, predict, shapes_of, split_of, time_breakdown,
+)
+from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, table_shapes
 from autoplan.cost.model_workload import workload_fn as model_workload_fn
 from autoplan.cost.stage_table import StageTable
 from autoplan.cost.tables import build_table
@@ -72,9 +74,9 @@ def simulate_plan(plan: Plan, workload_fn: WorkloadFn | None = None) -> Simulate
     fn = workload_fn or model_workload_fn(plan.model, plan.cluster, plan.training, plan.stack)
     config = config_of(layout)
     workload = fn(split_of(config))
-    table = build_table(workload, plan.cluster, plan.training, config)
-    shapes = shapes_of(layout)
-    ev = evaluate(table, shapes)
+    table = build_table(workload, plan.cluster, plan.training, config, dense_full_of(layout, workload.dense_layers))
+    shapes = shapes_of(layout)  # as the plan counts them; the table's variables leave out stage 0's dense blocks
+    ev = evaluate(table, table_shapes(table, shapes))
     predicted = predict(workload, plan.cluster, plan.training, table, shapes, ev)
     ranks = range(plan.pp)
     times = tuple(time_breakdown(workload, table, shapes, dataclasses.replace(ev, critical_rank=r)) for r in ranks)

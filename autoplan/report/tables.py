@@ -15,7 +15,8 @@ def layout_label(x: Layout) -> str:
         flags.append("offload")
     extra = f" {'+'.join(flags)}" if flags else ""
     cp = f" cp{x.cp}" if x.cp > 1 else ""
-    return (f"tp{x.tp} pp{x.pp} dp{x.dp}{cp} zero{x.zero_stage} {sched} mbs{x.micro_batch_size}x{x.num_microbatches}"
+    experts = (f" ep{x.ep}" if x.ep > 1 else "") + (f" etp{x.etp}" if x.etp > 1 else "")
+    return (f"tp{x.tp} pp{x.pp} dp{x.dp}{cp}{experts} zero{x.zero_stage} {sched} mbs{x.micro_batch_size}x{x.num_microbatches}"
             f"{extra}")
 
 
@@ -50,10 +51,13 @@ def breakdown_table(p: Predicted) -> str:
         ("dp communication", t.dp_comm_s), ("optimizer step", t.optimizer_s))]
     if t.cp_comm_s > 0:
         time_rows.insert(3, ["cp ring exchange", f"{t.cp_comm_s:.4f}", f"{100 * t.cp_comm_s / p.step_time_s:.1f}%"])
+    if t.ep_comm_s > 0:  # MoE: dispatch and combine not hidden behind compute
+        time_rows.insert(3, ["ep all-to-all", f"{t.ep_comm_s:.4f}", f"{100 * t.ep_comm_s / p.step_time_s:.1f}%"])
     digits = 2 if m.total_gib >= 1 else 3  # small (CPU) plans: GiB to the MiB
     runtime = [("process baseline", m.runtime_gib)] if m.runtime_gib else []
+    experts = [("expert states (w+g+opt)", m.expert_states_gib)] if m.expert_states_gib else []
     mem_rows = [[k, f"{v:.{digits}f}"] for k, v in (
-        ("weights", m.weights_gib), ("gradients", m.gradients_gib), ("optimizer state", m.optimizer_gib),
+        ("weights", m.weights_gib), ("gradients", m.gradients_gib), ("optimizer state", m.optimizer_gib), *experts,
         ("activations", m.activations_gib), ("buffers", m.buffers_gib), ("fragmentation reserve", m.reserve_gib),
         *runtime, ("total (peak rank)", m.total_gib))]
     if m.reserved_gib > m.total_gib:  # the stack's allocator cache: shown by nvidia-smi, given back under pressure

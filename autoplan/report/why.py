@@ -12,7 +12,7 @@ def why_winner(plans: list[tuple[Layout, Predicted]]) -> str:
     parts = [("compute", t.compute_s), ("recomputation", t.recompute_s), ("TP communication", t.tp_comm_s),
              ("pipeline bubble", t.bubble_s + t.pp_comm_s), ("DP communication", t.dp_comm_s),
              ("ZeRO-3 gathers", t.zero3_gather_s), ("optimizer step", t.optimizer_s),
-             ("CP ring exchange", t.cp_comm_s)]
+             ("CP ring exchange", t.cp_comm_s), ("EP all-to-all", t.ep_comm_s)]
     overhead = sorted(parts[1:], key=lambda kv: -kv[1])[:2]
     lines = [f"Why #1: {100 * t.compute_s / p.step_time_s:.0f}% of its step is useful compute; the largest overheads "
              f"are {overhead[0][0]} ({100 * overhead[0][1] / p.step_time_s:.1f}%) and {overhead[1][0]} "
@@ -44,6 +44,7 @@ def _difference(a: Predicted, b: Predicted) -> str:
              "TP communication": tb.tp_comm_s - ta.tp_comm_s,
              "pipeline bubble": (tb.bubble_s + tb.pp_comm_s) - (ta.bubble_s + ta.pp_comm_s),
              "DP communication": tb.dp_comm_s - ta.dp_comm_s, "ZeRO-3 gathers": tb.zero3_gather_s - ta.zero3_gather_s,
-             "optimizer step": tb.optimizer_s - ta.optimizer_s, "CP ring exchange": tb.cp_comm_s - ta.cp_comm_s}
+             "optimizer step": tb.optimizer_s - ta.optimizer_s, "CP ring exchange": tb.cp_comm_s - ta.cp_comm_s,
+             "EP all-to-all": tb.ep_comm_s - ta.ep_comm_s}
     worst = sorted(diffs.items(), key=lambda kv: -kv[1])[:2]
     return ", ".join(f"{k} {'+' if v >= 0 else ''}{v:.3f} s" for k, v in worst)

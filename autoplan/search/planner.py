@@ -16,6 +16,11 @@ Two solvers over the same space (search/space.py) and the same cost model:
 
 Both rank the best layout of each configuration by step time, then less peak memory, then simpler
 parallelism; within one configuration the earlier split (search/space.py's order) wins a tie.
+
+Mixture of Experts: ep and etp are part of the group (they change the MoE layers' costs and the expert
+states, search/space.py); a model's leading dense blocks sit on stage 0 as a constant of the table
+(cost/stage_table.py), kept or all fully recomputed, which both solvers try as two tables per
+configuration. tests/planner/test_moe_search.py checks bnb against brute force on random MoE problems.
 """
 
 from __future__ import annotations
@@ -28,20 +33,22 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from autoplan.cost.evaluate import Evaluation, StageShape, evaluate
+from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, plan_shapes
 from autoplan.cost.layout_terms import LayoutTerms
-from autoplan.cost.stage_table import Config, StageTable
+from autoplan.cost.host_model import DevicesOnTheirOwn
+from autoplan.cost.stage_table import Config, StageTable, with_schedule
 from autoplan.cost.tables import build_table, host_model
 from autoplan.cost.workload import Workload, WorkloadFn
 from autoplan.schema import Cluster, ModelSpec, TrainingSetup
 from autoplan.schema.schedule import ZERO_BUBBLE
 from autoplan.search.bounds import (
-    config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns,
-    layout_lower_bound_ns, simulated_lower_bound_ns, split_lower_bound_ns, states_fit,
+    busiest_rank_ns, config_lower_bound_ns, family_lower_bound_ns, family_range, group_can_fit, group_lower_bound_ns,
+    layout_lower_bound_ns, rank_floors, simulated_lower_bound_ns, split_lower_bound_ns, states_fit,
 )
 from autoplan.search.recompute import cheapest_recompute, forced_recompute, stage_choices
 from autoplan.search.space import (
-    Group, Pins, SearchLimits, check_size, group_choices, group_configs, groups, num_layers_of, stage_splits,
+    Group, Pins, SearchLimits, check_size, dense_layers_of, group_choices, group_configs, groups, num_layers_of,
+    table_splits,
 )
 
 Solver = Literal["bnb", "bruteforce"]
@@ -55,6 +62,7 @@ PROGRESS_INTERVAL_S = 2.0
 class Candidate:
     config: Config
     shapes: tuple[StageShape, ...]
+    """Per stage, as a plan counts them (every block; cost/evaluate.py ``plan_shapes``)."""
     workload: Workload
     table: StageTable
     evaluation: Evaluation
@@ -102,7 +110,13 @@ class _ConfigState:
     """(step ns, split index, shapes) of the best layout so far."""
 
 
-_GROUP, _CONFIG, _CONFIG_SIMULATED, _SPLITS, _SPLIT, _SPLIT_SIMULATED, _LAYOUT = range(7)
+_GROUP, _GROUP_BOUNDED, _CONFIG, _CONFIG_SIMULATED, _SPLITS, _SPLIT, _SPLIT_SIMULATED, _LAYOUT = range(8)
+
+RELAXED_MEMORY = ("block_state_bytes", "embedding_state_bytes", "head_state_bytes", "dense_state_bytes",
+                  "zero3_buffer_bytes", "dense_act_bytes", "dense_transient_bytes")
+"""What a group's relaxed table takes as the least over its ZeRO stages and offload (``_Run.group_floor_ns``)."""
+RELAXED_TAILS = ("gather_block_ns", "gather_embedding_ns", "gather_head_ns", "dense_gather_ns", "optim_block_ns",
+                 "optim_embedding_ns", "optim_head_ns", "dense_optim_ns")
 
 
 def search(model: ModelSpec, workload_fn: WorkloadFn, cluster: Cluster, training: TrainingSetup, pins: Pins,
@@ -124,10 +138,15 @@ class _Run:
         self.pins, self.limits, self.top_k = pins, limits, max(1, top_k)
         self.progress, self.time_limit_s, self.first_fit = progress, time_limit_s, first_fit
         self.num_layers = num_layers_of(model)
+        self.dense_layers = dense_layers_of(model)
+        self.dense_choices = _dense_choices(self.dense_layers, pins.recompute)
+        """A MoE model's leading dense blocks: kept, or all fully recomputed (a table each, cost/stage_table.py)."""
         self.t0 = time.perf_counter()
         self.next_report = self.t0 + PROGRESS_INTERVAL_S
         self.reported = False
         self.host = host_model(cluster)
+        self.device_tables = isinstance(self.host, DevicesOnTheirOwn)
+        """The host changes nothing: a group's tables differ by schedule only where ``with_schedule`` says."""
         self.workloads: dict = {}
         self.states: list[_ConfigState] = []
         self.considered = self.bounded = self.simulated = 0
@@ -135,11 +154,19 @@ class _Run:
     def workload(self, group: Group) -> Workload:
         split = group.split
         if split not in self.workloads:
-            self.workloads[split] = self.workload_fn(split)
+            workload = self.workload_fn(split)
+            if workload.dense_layers != self.dense_layers:
+                raise ValueError(f"the workload prices {workload.dense_layers} leading dense blocks, the model has "
+                                 f"{self.dense_layers}")
+            self.workloads[split] = workload
         return self.workloads[split]
 
     def splits(self, config: Config) -> list[tuple[int, ...]]:
-        return _splits(self.num_layers, config.num_stages, self.limits.max_edge_trim)
+        """The configuration's stage splits in the table's layout variables (search/space.py ``table_splits``)."""
+        return self.stage_splits(config.num_stages)
+
+    def stage_splits(self, num_stages: int) -> list[tuple[int, ...]]:
+        return _splits(self.num_layers, num_stages, self.limits.max_edge_trim, self.dense_layers)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -179,13 +206,15 @@ class _Run:
             states, schedules = group_choices(group, self.cluster, self.pins, self.num_layers, self.limits)
             if not states or not schedules:
                 continue
-            self.considered += len(states) * len(schedules)
-            trim = self.limits.max_edge_trim
-            shapes = {(v, min(min(split) for split in _splits(self.num_layers, group.pp * v, trim)), kind in ZERO_BUBBLE)
-                      for kind, v in schedules}
+            self.considered += len(states) * len(schedules) * len(self.dense_choices)
+            shapes = {(v, *_family_least(self.stage_splits(group.pp * v)), kind in ZERO_BUBBLE)
+                      for kind, v in schedules if self.stage_splits(group.pp * v)}
+            shapes = {(v, least, zb, first, last) for v, least, first, last, zb in shapes}
+            if not shapes:
+                continue
             workload = self.workload(group)
             if not group_can_fit(workload, self.cluster, self.training, group.pp, group.dp_cp, states,
-                                 min(least for _, least, _ in shapes)):
+                                 min(shape[1] for shape in shapes), group.edp):
                 continue
             key = group_lower_bound_ns(workload, self.host, group.pp, group.num_microbatches, sorted(shapes))
             push(key, _GROUP, group)
@@ -213,15 +242,41 @@ class _Run:
                     diving = should_dive
                     reorder()
             self.report(line)
-            if kind == _GROUP:
+            if kind == _GROUP:  # devices on their own: first one relaxed bound for all the group's configurations
+                built: dict[tuple[int, bool, bool], StageTable] = {}
+                bound = self.group_floor_ns(item, built) if self.device_tables else key
+                if bound is not None:
+                    push(max(key, bound), _GROUP_BOUNDED, (item, built))
+            elif kind == _GROUP_BOUNDED:
+                item, built = item
                 workload = self.workload(item)
-                for config in group_configs(item, self.cluster, self.pins, self.num_layers, self.limits):
-                    table = build_table(workload, self.cluster, self.training, config)
+                # a table's model states depend on the group, its ZeRO stage and offload, not on the schedule
+                # (every schedule of a group has one stage, or several: pp > 1): one misfit skips the others
+                unfit: set[tuple[int, bool]] = set()
+                for config, dense_full in itertools.product(
+                        group_configs(item, self.cluster, self.pins, self.num_layers, self.limits), self.dense_choices):
+                    states_key = (config.zero_stage, config.offload_optimizer)
+                    if states_key in unfit:
+                        continue
+                    key_built = (*states_key, dense_full, _hides_exchange(workload, config))
+                    if key_built in built and self.device_tables:  # the same table but for the schedule
+                        table = with_schedule(built[key_built], workload, self.cluster, config)
+                    else:
+                        table = built[key_built] = build_table(workload, self.cluster, self.training, config,
+                                                               dense_full)
                     self.bounded += 1
                     if not states_fit(table):
+                        unfit.add(states_key)
                         continue
                     splits = self.splits(config)
-                    bound = config_lower_bound_ns(table, min(min(split) for split in splits))
+                    if not splits:
+                        continue
+                    least, first, last = _family_least(splits)
+                    low = family_range(splits)[0]
+                    floors = rank_floors(table, low, self.pins.recompute)
+                    if floors is None:
+                        continue
+                    bound = max(config_lower_bound_ns(table, least, (first, last)), busiest_rank_ns(table, low, floors))
                     state = _ConfigState(table, workload, splits)
                     push(max(key, bound), _CONFIG, state)
             elif kind == _CONFIG:  # the schedule's lists, and one bound for all the splits
@@ -278,6 +333,48 @@ class _Run:
         return SearchResult(tuple(ranked), status, self.elapsed(), self.considered, len(self.states),
                             self.bounded, self.simulated, bound_ns)
 
+    def group_floor_ns(self, group: Group, built: dict) -> int | None:
+        """A lower bound on every configuration of the group, None when none can fit: the configuration bounds
+        (``config_lower_bound_ns``, ``busiest_rank_ns`` with ``rank_floors``) of a relaxed table per schedule,
+        whose model states and ZeRO-3 buffers are the least over the group's ZeRO stages and offload, whose
+        layer times are those without ZeRO-3 gathers where any stage but 3 fits, and whose end-of-step
+        gathers and optimizer steps are 0. Every bound grows with those quantities, so each configuration's
+        own bound is at least this one. Fills ``built`` with one table per (ZeRO stage, offload), which the
+        group's expansion reuses."""
+        workload = self.workload(group)
+        configs = list(group_configs(group, self.cluster, self.pins, self.num_layers, self.limits))
+        for config in configs:
+            for dense_full in self.dense_choices:
+                key = (config.zero_stage, config.offload_optimizer, dense_full, _hides_exchange(workload, config))
+                if key not in built:
+                    built[key] = build_table(workload, self.cluster, self.training, config, dense_full)
+        fitting = [t for t in built.values() if states_fit(t)]
+        if not fitting:
+            return None
+        # the least layer times: the experts' exchange hidden where a schedule of the group lets the stack hide
+        # it, no ZeRO-3 gathers where another stage fits, the dense blocks not recomputed
+        ref = min(fitting, key=lambda t: (not _hides_exchange(workload, t.config), t.config.zero_stage == 3,
+                                          t.dense_full))
+        relaxed = dataclasses.replace(ref, **{f: min(getattr(t, f) for t in fitting) for f in RELAXED_MEMORY},
+                                      **{f: 0 for f in RELAXED_TAILS})
+        fit_keys = {(t.config.zero_stage, t.config.offload_optimizer) for t in fitting}
+        schedules = {(c.schedule, c.virtual_stages) for c in configs if (c.zero_stage, c.offload_optimizer) in fit_keys}
+        best = None
+        for schedule, v in schedules:
+            config = dataclasses.replace(relaxed.config, schedule=schedule, virtual_stages=v)
+            splits = self.splits(config)
+            if not splits:
+                continue
+            table = with_schedule(relaxed, workload, self.cluster, config)
+            low = family_range(splits)[0]
+            floors = rank_floors(table, low, self.pins.recompute)
+            if floors is None:
+                continue
+            least, first, last = _family_least(splits)
+            bound = max(config_lower_bound_ns(table, least, (first, last)), busiest_rank_ns(table, low, floors))
+            best = bound if best is None else min(best, bound)
+        return best
+
     def record(self, state: _ConfigState, index: int, shapes: tuple[StageShape, ...], kth: float) -> float:
         """Simulate one layout, keep it if it is its configuration's best; the new K-th best step time."""
         step, _ = state.terms.step_ns([s.layers for s in shapes], [s.selective for s in shapes],
@@ -328,10 +425,11 @@ class _Run:
         configuration; each configuration's state is in ``self.states`` from its first layout on."""
         for group in groups(self.model, self.cluster, self.training, self.pins, self.limits):
             workload = self.workload(group)
-            for config in group_configs(group, self.cluster, self.pins, self.num_layers, self.limits):
+            for config, dense_full in itertools.product(
+                    group_configs(group, self.cluster, self.pins, self.num_layers, self.limits), self.dense_choices):
                 self.considered += 1
                 self.bounded += 1
-                state = _ConfigState(build_table(workload, self.cluster, self.training, config), workload,
+                state = _ConfigState(build_table(workload, self.cluster, self.training, config, dense_full), workload,
                                      self.splits(config))
                 self.states.append(state)
                 for index, split in enumerate(state.splits):
@@ -364,14 +462,34 @@ class _Run:
             if abs(evaluation.step_ns - step) > tolerance or not evaluation.fits:
                 raise RuntimeError(f"search and evaluate disagree on {state.table.config}: {step} vs "
                                    f"{evaluation.step_ns} ns, fits={evaluation.fits}")
-            candidates.append(Candidate(state.table.config, shapes, state.workload, state.table, evaluation))
+            candidates.append(Candidate(state.table.config, plan_shapes(state.table, shapes), state.workload,
+                                        state.table, evaluation))
         candidates.sort(key=lambda c: (c.step_ns, _tiebreak(c)))
         return candidates[:self.top_k]
 
 
 @functools.lru_cache(maxsize=1024)
-def _splits(num_layers: int, num_stages: int, max_edge_trim: int) -> list[tuple[int, ...]]:
-    return stage_splits(num_layers, num_stages, max_edge_trim)
+def _hides_exchange(workload: Workload, config: Config) -> bool:
+    """The table of ``config`` hides part of the experts' all-to-all (cost/workload.py
+    ``with_exposed_exchange``): tables are reused across schedules (``with_schedule``) only when this agrees."""
+    return workload.stack.ep_comm_overlap > 0 and config.ep_overlap_possible
+
+
+def _splits(num_layers: int, num_stages: int, max_edge_trim: int, dense_layers: int = 0) -> list[tuple[int, ...]]:
+    return table_splits(num_layers, num_stages, max_edge_trim, dense_layers)
+
+
+def _dense_choices(dense_layers: int, pin) -> tuple[bool, ...]:
+    """Whether a MoE model's leading dense blocks are fully recomputed, as the search tries it: both without
+    a pin; with --recompute full yes, with none or selective no (they have no selective mode here)."""
+    if not dense_layers:
+        return (False,)
+    return {None: (False, True), "full": (True,)}.get(pin, (False,))
+
+
+def _family_least(splits: list[tuple[int, ...]]) -> tuple[int, int, int]:
+    """The fewest layers of any stage, of the first stage and of the last over a family of splits."""
+    return min(min(split) for split in splits), min(split[0] for split in splits), min(split[-1] for split in splits)
 
 
 def _cannot_improve(state: _ConfigState, bound: int, index: int) -> bool:

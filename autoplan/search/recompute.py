@@ -206,7 +206,7 @@ def lower_bound_ns(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...], pin:
     if not modes:
         return None
     transient = min(d for d, _ in modes)
-    segments = _per_layer_hull(modes)
+    segments = per_layer_hull(modes)
     bound = 0.0
     for vec, e in zip(rank.peaks, excess):
         need = e / scale + transient
@@ -227,7 +227,7 @@ def lower_bound_ns(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...], pin:
     return int(bound * (1 - 1e-9))
 
 
-def _per_layer_hull(modes: list[tuple[int, int]]) -> list[tuple[float, int]]:
+def per_layer_hull(modes: list[tuple[int, int]]) -> list[tuple[float, int]]:
     """(cost per byte, bytes) segments of the lower convex hull of one layer's options (0, 0) and
     (saved bytes, cost) per mode: the cheapest fractional mix for every amount a layer can save."""
     points = sorted(modes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.cost.estimate import layout_of, predict, with_local_params
+from autoplan.cost.estimate import layout_dense_layers, layout_of, predict, with_local_params
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, Layout, ModelSpec, Plan, Predicted, SolverInfo, TrainingSetup
 from autoplan.search.planner import Candidate, SearchResult, search
@@ -15,7 +15,7 @@ FACTORS = (2, 4, 8, 16)
 
 
 def predicted_of(candidate: Candidate, cluster: Cluster, training: TrainingSetup) -> tuple[Layout, Predicted]:
-    layout = layout_of(candidate.config, candidate.shapes)
+    layout = layout_of(candidate.config, candidate.shapes, layout_dense_layers(candidate.table))
     return layout, predict(candidate.workload, cluster, training, candidate.table, candidate.shapes,
                            candidate.evaluation)
 

@@ -13,7 +13,13 @@ with 2; at most
 ``max_stage_microbatches`` stage forwards per step (m x stages, which sizes the action lists). Pins
 (``Pins``) fix any of these.
 
-Configurations come in groups (``Group``: tp, cp, pp, dp, sequence parallel, micro-batch size), which fix the
+Mixture-of-Experts models (a spec with ``moe``) add expert parallelism: ep any divisor of the routed experts
+and etp 1 or tp (an expert split like the dense layers; any divisor of the expert width when pinned), with
+ep x etp dividing tp x cp x dp (the ranks the expert layers regroup, schema/parallel_dims.py), and sequence
+parallelism on whenever tp > 1 (Megatron-Core requires it, schema/plan.py ``expert_parallel_refusal``).
+A dense model's space is exactly what it was (ep = etp = 1).
+
+Configurations come in groups (``Group``: tp, cp, pp, dp, sequence parallel, micro-batch size, ep, etp), which fix the
 per-layer costs and the batch split; the search bounds a whole group before it looks at its ZeRO stages,
 offload and schedules.
 
@@ -43,7 +49,7 @@ from autoplan.cost.stage_table import Config
 from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
 from autoplan.schema import Cluster, ModelSpec, ParallelDims, TrainingSetup
-from autoplan.schema.plan import context_parallel_refusal, parallel_dimensions
+from autoplan.schema.plan import context_parallel_refusal, expert_parallel_refusal, parallel_dimensions
 from autoplan.schema.schedule import ZERO_BUBBLE
 
 # Sizes no cluster or model has; beyond them the planner refuses instead of enumerating. The largest
@@ -179,10 +185,17 @@ class Group:
     micro_batch_size: int
     num_microbatches: int
     cp: int = 1
+    ep: int = 1
+    etp: int = 1
 
     @property
     def dims(self) -> ParallelDims:
-        return ParallelDims(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp)
+        return ParallelDims(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
+
+    @property
+    def edp(self) -> int:
+        """Ranks holding the same experts (ParallelDims.edp)."""
+        return self.dims.edp
 
     @property
     def dp_cp(self) -> int:
@@ -193,12 +206,43 @@ class Group:
     def split(self) -> LayerSplit:
         """What fixes the per-layer costs (the group's workload)."""
         return LayerSplit(micro_batch_size=self.micro_batch_size, tp=self.tp,
-                          sequence_parallel=self.sequence_parallel, cp=self.cp)
+                          sequence_parallel=self.sequence_parallel, cp=self.cp, ep=self.ep, etp=self.etp)
+
+
+def is_moe(model) -> bool:
+    """A model spec with routed experts (a profile has none the planner knows of)."""
+    return isinstance(model, ModelSpec) and model.moe is not None
+
+
+def expert_options(model, tp: int, cp: int, dp: int, sequence_parallel: bool, pins: Pins) -> list[tuple[int, int]]:
+    """(ep, etp) pairs of one (tp, cp, dp, sp): (1, 1) for a dense model; for a MoE model every ep dividing
+    the experts and etp 1 or tp (``pins`` fix either), with ep x etp dividing tp x cp x dp and the model's
+    checks passed (schema/plan.py ``expert_parallel_refusal``)."""
+    if not is_moe(model):
+        return [(1, 1)]
+    eps = [pins.ep] if pins.ep is not None else divisors(model.moe.num_experts)
+    etps = [pins.etp] if pins.etp is not None else sorted({1, tp})
+    dims = ParallelDims(tp=tp, cp=cp, dp=dp)
+    return [(ep, etp) for etp in etps for ep in eps
+            if dims.stage_ranks % (ep * etp) == 0
+            and expert_parallel_refusal(ep, etp, model, tp, sequence_parallel) is None]
+
+
+def check_expert_pins(model, pins: Pins) -> None:
+    """--ep / --etp above 1 on a model without experts: refused in one line (nothing to split)."""
+    if not is_moe(model):
+        for name in ("ep", "etp"):
+            value = getattr(pins, name)
+            if value is not None and value > 1:
+                raise SpecError(f"--{name} {value}: {getattr(model, 'name', 'the model')} has no routed experts "
+                                f"to split; leave --{name} out")
 
 
 def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
            limits: SearchLimits = SearchLimits()) -> Iterator[Group]:
+    check_expert_pins(model, pins)
     n, L, gbs = cluster.num_devices, num_layers_of(model), training.global_batch_size
+    moe = is_moe(model)
     tps = [pins.tp] if pins.tp is not None else tp_options(model, cluster)
     for tp in tps:
         if n % tp:
@@ -219,8 +263,12 @@ def groups(model, cluster: Cluster, training: TrainingSetup, pins: Pins,
                     continue
                 per_replica = gbs // dp
                 for sp in _bools(pins.sequence_parallel, allowed=tp > 1):
+                    if moe and tp > 1 and not sp:  # MoE layers under TP route the sequence-parallel slice
+                        continue
+                    experts = expert_options(model, tp, cp, dp, sp, pins)
                     for mbs in _micro_batches(pins.micro_batch_size, per_replica, limits.max_microbatches):
-                        yield Group(tp, pp, dp, sp, mbs, per_replica // mbs, cp)
+                        for ep, etp in experts:
+                            yield Group(tp, pp, dp, sp, mbs, per_replica // mbs, cp, ep, etp)
 
 
 def group_choices(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
@@ -243,7 +291,8 @@ def group_configs(group: Group, cluster: Cluster, pins: Pins, num_layers: int,
         for schedule, v in schedules:
             if zero == 3 and schedule in ZERO_BUBBLE:  # refused by the plan (schema/plan.py)
                 continue
-            yield Config(tp=g.tp, pp=g.pp, dp=g.dp, cp=g.cp, sequence_parallel=g.sequence_parallel, zero_stage=zero,
+            yield Config(tp=g.tp, pp=g.pp, dp=g.dp, cp=g.cp, ep=g.ep, etp=g.etp, sequence_parallel=g.sequence_parallel,
+                         zero_stage=zero,
                          offload_optimizer=offload, schedule=schedule, virtual_stages=v,
                          micro_batch_size=g.micro_batch_size, num_microbatches=g.num_microbatches)
 
@@ -330,3 +379,26 @@ def stage_splits(num_layers: int, num_stages: int, max_edge_trim: int) -> list[t
             if (first, num_layers - first) not in splits:
                 splits.append((first, num_layers - first))
     return splits
+
+
+def dense_layers_of(model) -> int:
+    """A MoE model's leading dense blocks (``MoESpec.first_dense_layers``), which stage 0 holds; else 0."""
+    return model.moe.first_dense_layers if is_moe(model) else 0
+
+
+def table_splits(num_layers: int, num_stages: int, max_edge_trim: int, dense_layers: int = 0) -> list[tuple[int, ...]]:
+    """The splits of ``stage_splits`` in the cost table's layout variables: with ``dense_layers`` leading
+    dense blocks (MoE models), those splits whose stage 0 holds all of them, stage 0 counting only its MoE
+    blocks (cost/stage_table.py). Where no split of the family gives stage 0 that many (more stages than
+    the even share allows), stage 0 holds the dense blocks alone and the other stages split the rest as
+    ``stage_splits`` does. Without dense blocks: ``stage_splits`` itself."""
+    splits = stage_splits(num_layers, num_stages, max_edge_trim)
+    if not dense_layers:
+        return splits
+    kept = [(split[0] - dense_layers, *split[1:]) for split in splits if split[0] >= dense_layers]
+    if kept or num_stages == 1:
+        return kept
+    rest = num_layers - dense_layers
+    if rest < num_stages - 1:
+        return []
+    return [(0, *split) for split in stage_splits(rest, num_stages - 1, max_edge_trim)]

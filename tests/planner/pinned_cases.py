@@ -56,7 +56,7 @@ def layout_dict(layout: Layout) -> dict:
 def predicted_dict(p) -> dict:
     return {"step_time_s": p.step_time_s, "peak_memory_gib": p.peak_memory_gib,
             "memory_gib_per_stage": list(p.memory_gib_per_stage),
-            "time": dataclasses.asdict(p.time), "memory": dataclasses.asdict(p.memory)}
+            "time": to_dict(p.time), "memory": to_dict(p.memory)}  # fields added later omitted at their defaults
 
 
 def _sample_layouts(model, cluster, training) -> list[Layout]:

@@ -37,5 +37,5 @@ def config(**changes) -> Config:
     return Config(**{**base, **changes})
 
 
-def workload_of(model, cluster, training):
-    return workload_fn(model, cluster, training)
+def workload_of(model, cluster, training, stack=None):
+    return workload_fn(model, cluster, training, stack)

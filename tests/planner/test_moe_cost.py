@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from autoplan.cost import moe_ops
-from autoplan.cost.analytic_ops import analytic_workload, block_ops
+from autoplan.cost.analytic_ops import block_ops
+from autoplan.cost.spec_workload import analytic_workload
 from autoplan.cost.comm import collective_time_s, group_link
 from autoplan.cost.flops import model_flops_per_step
 from autoplan.cost.layer_ops import kernel_times, layer_cost

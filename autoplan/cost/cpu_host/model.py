@@ -69,7 +69,7 @@ class SharedCoresHost(HostModel):
                               min(bwd, ns(layer.bwd_weight_s * share.pipeline)))
 
         def optim_ns(params: float, layer: LayerCost, extra_tensors: int = 0) -> int:
-            shard = optimizer_shard(params, c)
+            shard = optimizer_shard(params, c, layer.expert_params)
             device = cluster.device
             if device.optimizer_ns_per_param > 0:  # op by op, as measured (scaled by the fused bytes' ratio)
                 per_param = device.optimizer_ns_per_param * 1e-9 * optimizer_step_bytes(training) / ADAMW_FP32_STEP_BYTES
