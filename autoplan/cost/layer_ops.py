@@ -261,7 +261,8 @@ class LayerCost:
     """Operations that consume parameters (each GEMM call, and a block's two norms): torch 2.13's weight
     backward (pipelining/_backward.py ``stage_backward_weight``) runs one autograd pass per such group, and a
     fully recomputed (checkpointed) block reruns its forward in each (measured: 8 reruns of a gpt-tiny block,
-    9 of a llama-tiny block, after the one in the input backward)."""
+    9 of a llama-tiny block, after the one in the input backward). 0 on a stack that does not rerun
+    (``StackProfile.weight_backward_reruns``)."""
     tp_param_tensors: int = 0
     """Of those, the ones TP turns into DTensors (all of them are DTensors under FSDP2 / replicate)."""
     expert_params: float = 0.0
@@ -419,7 +420,8 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
         host_fwd_s=t.host_fwd_s + tp_host_fwd, host_bwd_s=t.host_bwd_s + tp_host_bwd,
         param_tensors=ops.host.param_tensors, tp_param_tensors=ops.host.tp_param_tensors if tp > 1 else 0,
         bwd_weight_s=t.gemm_bwd_s / BACKWARD_FACTOR,
-        weight_groups=sum(1 if g.grouped else g.count for g in ops.gemms) + (2 if ops.attention is not None else 0),
+        weight_groups=(sum(1 if g.grouped else g.count for g in ops.gemms) + (2 if ops.attention is not None else 0)
+                       if stack.weight_backward_reruns else 0),
         expert_params=ops.expert_params, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         # the paired micro-batch's kernels (host work excluded) are what the exchange runs beside
         ep_hideable_fwd_s=min(stack.ep_comm_overlap * ep_fwd, t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s),

@@ -74,6 +74,12 @@ class StackProfile:
     compute (Megatron-Core's ``overlap_moe_expert_parallel_comm``: in the 1F1B steady state one micro-batch's
     dispatch and combine overlap the paired micro-batch's forward or backward kernels, DualPipe likewise);
     hidden up to the other direction's kernel time (cost/layer_ops.py ``layer_cost``). 0: each waits."""
+    weight_backward_reruns: bool = True
+    """Under a schedule that splits backwards (zero bubble), a fully recomputed block reruns its forward once
+    per weight group in the weight backward: torch 2.13's ``stage_backward_weight`` (pipelining/_backward.py)
+    runs one autograd pass per group of parameter-consuming operations (``LayerCost.weight_groups``). False: the
+    stack's split backward reuses the input backward's recomputation (DualPipe, Megatron's
+    ``delay_wgrad_compute``)."""
     param_gather: Literal["compute", "fp32", "fp8"] = "compute"
     """The dtype ZeRO gathers parameters in: the compute dtype (a mixed-precision policy, Megatron's
     distributed optimizer), fp32 (FSDP2 without a mixed-precision policy), or fp8 under fp8 training
