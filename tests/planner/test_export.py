@@ -274,3 +274,22 @@ def test_what_megatron_or_torchtitan_cannot_take_of_an_moe_plan_is_refused():
     moe = dataclasses.replace(plan.model.moe, router_bias=True)
     with pytest.raises(ExportError, match="model.moe.router_bias"):
         megatron_arguments(dataclasses.replace(plan, model=dataclasses.replace(plan.model, moe=moe)))
+
+
+def test_megatron_export_turns_on_the_expert_overlap_its_stack_priced():
+    """A plan priced for the megatron stack (ep_comm_overlap) with interleaved stages gets Megatron-Core's
+    --overlap-moe-expert-parallel-comm; not under plain 1F1B with pp > 1, nor with full recomputation
+    (Megatron refuses both), nor for a stack that priced no overlap."""
+    from autoplan.schema import load_stack
+
+    megatron = load_stack("megatron")
+    interleaved = dataclasses.replace(_moe_plan("qwen3-30b-a3b", pp=2, dp=4, ep=4), stack=megatron)
+    interleaved = dataclasses.replace(interleaved, schedule="interleaved", virtual_stages=2, num_microbatches=2,
+                                      stages=tuple(Stage(i, i % 2, (12 * i, 12 * i + 12)) for i in range(4)))
+    flags = {a.flag for a in megatron_arguments(interleaved)}
+    assert {"--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"} <= flags
+    plain = dataclasses.replace(_moe_plan("qwen3-30b-a3b", pp=2, dp=4, ep=4, num_microbatches=2), stack=megatron)
+    full = dataclasses.replace(interleaved, stages=tuple(dataclasses.replace(s, full_recompute=(s.layers[0],))
+                                                         for s in interleaved.stages))
+    for plan in (plain, full, dataclasses.replace(interleaved, stack=load_stack("autoplan"))):
+        assert "--overlap-moe-expert-parallel-comm" not in {a.flag for a in megatron_arguments(plan)}

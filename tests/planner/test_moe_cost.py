@@ -216,3 +216,42 @@ def test_interleaved_moe_layers_are_refused():
     model = replace(DSV3, moe=replace(DSV3.moe, layer_frequency=2))
     with pytest.raises(SpecError, match="moe.layer_frequency"):
         analytic_workload(model, H800, TRAIN_4K, LayerSplit(1), STACK)
+
+
+def test_a_stack_that_overlaps_the_exchange_hides_it_where_megatron_can():
+    """Megatron-Core overlaps the experts' all-to-all with the paired micro-batch's kernels under interleaved
+    stages (or pp = 1), not under plain 1F1B with pp > 1: the estimate's ep_comm_s is the raw exchange less
+    min(exchange, the other direction's kernels) per layer there, the raw exchange elsewhere, and the raw
+    exchange for this project's runtime, which overlaps nothing. The table and the breakdown agree."""
+    from autoplan.cost.estimate import estimate_layout, layout_of
+    from autoplan.cost.evaluate import StageShape
+    from autoplan.cost.model_workload import workload_fn
+    from autoplan.schema.plan import ParallelConfig
+
+    model, cluster = load_model("qwen3-30b-a3b"), replace(load_cluster("dgx-h100-80gb"), num_nodes=2)
+    training = TrainingSetup(global_batch_size=64, seq_len=4096)
+
+    def ep_comm(stack: str, schedule: str) -> tuple[float, float]:
+        v = 2 if schedule == "interleaved" else 1
+        config = ParallelConfig(tp=1, pp=2, dp=8, cp=1, ep=8, etp=1, sequence_parallel=False, zero_stage=1,
+                                offload_optimizer=False, schedule=schedule, virtual_stages=v, micro_batch_size=1,
+                                num_microbatches=8)
+        per = model.num_layers // (2 * v)
+        layout = layout_of(config, tuple(StageShape(per, 0, 0) for _ in range(2 * v)))
+        predicted, _, table = estimate_layout(workload_fn(model, cluster, training, load_stack(stack)), cluster,
+                                              training, layout)
+        return predicted.time.ep_comm_s, table.block.fwd_ns + table.block.bwd_ns
+
+    raw, raw_block = ep_comm("autoplan", "interleaved")
+    megatron_1f1b, _ = ep_comm("megatron", "1f1b")
+    megatron_interleaved, block = ep_comm("megatron", "interleaved")
+    split = LayerSplit(1, ep=8)
+    cost = analytic_workload(model, cluster, training, split, STACK).block
+    assert cost.ep_hideable_fwd_s == pytest.approx(min(cost.ep_fwd_s, cost.bwd_s), rel=0.05)
+    assert 0 < cost.ep_hideable_bwd_s <= cost.ep_bwd_s
+    per_block = (cost.ep_hideable_fwd_s + cost.ep_hideable_bwd_s) * 1e9
+    assert megatron_1f1b == pytest.approx(raw, rel=0.02)  # the same exchange, not hidden
+    assert megatron_interleaved < 0.8 * megatron_1f1b
+    assert megatron_interleaved == pytest.approx(megatron_1f1b * (1 - per_block / ((cost.ep_fwd_s + cost.ep_bwd_s)
+                                                                                   * 1e9)), rel=0.02)
+    assert raw_block - block > 0.5 * per_block  # the table's block carries the same hiding (kernels differ a little)
