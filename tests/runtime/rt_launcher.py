@@ -23,24 +23,26 @@ def torchrun(nproc: int, args: list[str], timeout_s: float = 600, env: dict | No
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env, cwd=ROOT)
 
 
+def worker_results(world: int, worker: str, args: list[str], out: Path, timeout_s: float = 600) -> dict:
+    """Launch ``worker`` (a file beside this one) on ``world`` ranks with ``args``; rank 0's JSON at ``out``,
+    or a RuntimeError carrying the ranks' output."""
+    proc = torchrun(world, [str(HERE / worker), *args], timeout_s=timeout_s)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())
+
+
 @functools.lru_cache(maxsize=None)
 def matrix_results(world: int) -> dict:
     """Run every case of one world size (tests/runtime/rt_cases.py) and return rank 0's JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        proc = torchrun(world, [str(HERE / "rt_worker.py"), str(world), str(out)])
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-6000:]}")
-        return json.loads(out.read_text())
+        return worker_results(world, "rt_worker.py", [str(world), str(out)], out)
 
 
 def job_results(world: int, jobs: list[dict], folder: Path) -> dict:
     """Run plan-file jobs (rt_worker.py's "jobs" mode) in one launch of ``world`` ranks; rank 0's JSON."""
     jobs_file, out = folder / f"jobs_w{world}.json", folder / f"out_w{world}.json"
     jobs_file.write_text(json.dumps(jobs))
-    proc = torchrun(world, [str(HERE / "rt_worker.py"), "jobs", str(out), str(jobs_file)])
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    return worker_results(world, "rt_worker.py", ["jobs", str(out), str(jobs_file)], out)

@@ -19,13 +19,12 @@ parameters after 5 steps. A routing, permutation or scaling mistake gives differ
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from rt_launcher import HERE, torchrun
+from rt_launcher import worker_results
 
 TOL = 1e-5
 REPORTED = {"loss_change", "bias_moved", "rows_on_last_rank"}  # facts about the run, not differences
@@ -35,11 +34,7 @@ REPORTED = {"loss_change", "bias_moved", "rows_on_last_rank"}  # facts about the
 def results(world: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        proc = torchrun(world, [str(HERE / "ep_worker.py"), str(out)], timeout_s=600)
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-6000:]}")
-        return json.loads(out.read_text())
+        return worker_results(world, "ep_worker.py", [str(out)], out)
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from autoplan.schema.hf_config import spec_from_hf_config
 from hf_helpers import (FAMILIES, SEQ_LEN, VOCAB, hf_training_losses, next_token_loss, random_hf_model, rel_diff,
                         save_hf_folder, world_of_one)
 from rt_helpers import make_plan
-from rt_launcher import HERE, ROOT, torchrun
+from rt_launcher import ROOT, worker_results
 
 TOL = 1e-5
 
@@ -157,10 +157,8 @@ def layout_runs() -> dict:
         path.write_text(dump_plan(layout_plan(family, kw)))
         jobs.append({"name": name, "plan": str(path), "steps": STEPS, "init_from": str(hf_folder(family))})
     (folder / "jobs.json").write_text(json.dumps(jobs))
-    proc = torchrun(4, [str(HERE / "hf_worker.py"), str(folder / "out.json"), str(folder / "jobs.json")])
-    if proc.returncode != 0 or not (folder / "out.json").exists():
-        raise RuntimeError(f"torchrun failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return json.loads((folder / "out.json").read_text())
+    out = folder / "out.json"
+    return worker_results(4, "hf_worker.py", [str(out), str(folder / "jobs.json")], out)
 
 
 @pytest.mark.slow

@@ -20,7 +20,6 @@ expert mesh (edp, ep)): the losses of steps 4-6 equal the straight run's.
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import pytest
 from moe_cases import (
     CASES, EVAL, EVAL_SEQUENCES, RESUME, RESUME_AT, STEPS, WORLD, moe_plan, serial_eval_sum, serial_moe_run,
 )
-from rt_launcher import HERE, torchrun
+from rt_launcher import worker_results
 
 QUANTITIES = ("losses", "grad_norms", "expert_norms", "router_norms")
 
@@ -38,11 +37,7 @@ QUANTITIES = ("losses", "grad_norms", "expert_norms", "router_norms")
 def results() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        proc = torchrun(WORLD, [str(HERE / "moe_worker.py"), str(out)], timeout_s=600)
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"torchrun world {WORLD} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-6000:]}")
-        return json.loads(out.read_text())
+        return worker_results(WORLD, "moe_worker.py", [str(out)], out)
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
