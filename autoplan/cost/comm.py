@@ -148,3 +148,18 @@ def p2p_time_s(cluster: Cluster, size_bytes: float, same_node: bool) -> float:
         return fit.alpha_us * 1e-6 * cluster.collective_wait_factor + size_bytes / (fit.busbw_gb_per_s * 1e9)
     link = cluster.intra_node if same_node else cluster.inter_node
     return link.latency_us * 1e-6 + size_bytes / (link.bandwidth_gb_per_s * 1e9)
+
+
+def hierarchical_exchange_s(cluster: Cluster, network_bytes: float, nvlink_bytes: float, ranks: int) -> float:
+    """One dispatch or combine of a node-deduplicating dispatcher (DeepEP's normal kernels, HybridEP; cost/
+    moe_ops.py ``routed_copies``): every rank sends ``network_bytes`` through its own NIC and ``nvlink_bytes``
+    over NVLink at once, pipelined in one kernel, so the slower path sets the time (deepseek-ai/DeepEP README,
+    normal kernels: the internode kernels' "bottleneck bandwidth" is the RDMA one, near the NIC's line rate,
+    which the cluster's per-GPU inter-node bandwidth already is); plus one start-up and one network (or NVLink)
+    step, as a collective."""
+    net = network_bytes / (cluster.inter_node.bandwidth_gb_per_s * 1e9)
+    nvl = nvlink_bytes / (cluster.intra_node.bandwidth_gb_per_s * 1e9)
+    if ranks <= 1 or max(net, nvl) <= 0:
+        return 0.0
+    step = cluster.inter_node.latency_us if network_bytes > 0 else cluster.intra_node.latency_us
+    return (cluster.collective_latency_us + step) * 1e-6 + max(net, nvl)

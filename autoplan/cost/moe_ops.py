@@ -75,6 +75,13 @@ Model FLOPs (MFU): as Megatron and DeepSeek count them, from the active paramete
 k experts + shared) per token forward, plus the attention core; the busiest rank's extra ``moe_imbalance``
 share is executed (priced) but not counted (``LayerOps.model_flops``).
 
+Node-deduplicating dispatchers (DeepEP's normal kernels, HybridEP: Megatron's ``flex`` dispatcher, which the
+published DeepSeek-V3 and Qwen3-30B-A3B H100 recipes use) send a token over the network once per remote node
+that holds any of its experts and forward it over NVLink there (DeepSeek-V3 report sec. 3.2.2); ``routed_copies``
+gives the expected copies under balanced routing and cost/comm.py ``hierarchical_exchange_s`` their time. No
+stack field selects them yet: the blocks above price Megatron's ``alltoall`` dispatcher, and
+benchmarks/moe_runs.py uses these for the runs that ran the other one.
+
 MTP (DeepSeek-V3 section 2.2, Megatron multi_token_prediction.py): each module runs on the last stage, so it
 is folded into the head: the embedding of the shifted tokens (the shared table: no parameters), RMSNorms on the
 hidden state and on that embedding, their concatenation through eh_proj [2h -> h] (column-parallel, output
@@ -85,6 +92,7 @@ head and a second cross-entropy.
 from __future__ import annotations
 
 from dataclasses import replace
+from math import comb
 from typing import Callable
 
 from autoplan.cost.activations import SavedBytes, elem_bytes
@@ -455,3 +463,33 @@ def refuse_unpriced(model: ModelSpec) -> None:
                         "priced: the cost model takes every block past first_dense_layers as an MoE block; use 1")
     if model.architecture != "llama" and (model.moe is not None or model.mla is not None):
         raise SpecError("architecture: MoE and MLA blocks are priced for llama only")
+
+
+# ---- a node-deduplicating dispatcher (DeepEP / HybridEP), not yet a stack choice ---------------------------------
+
+def routed_copies(experts: int, k: int, ep: int, ranks_per_node: int, node_limit: int | None = None
+                  ) -> tuple[float, float]:
+    """(remote nodes, remote ranks) one token's k routed copies reach, expected under uniform (force-balanced)
+    routing, when ``experts`` lie evenly over ``ep`` ranks, ``ranks_per_node`` of them on each node.
+
+    A dispatcher that deduplicates per node (DeepSeek-V3 technical report sec. 3.2.2: each token crosses
+    InfiniBand once per destination node and is forwarded to the node's GPUs over NVLink; DeepEP's normal
+    kernels and NVIDIA's HybridEP, Megatron-Core token_dispatcher.py ``MoEFlexTokenDispatcher``, do the same)
+    sends a token over the network once per remote node its experts lie on, not once per copy as NCCL's
+    all-to-all (``routed_ops``) does. ``node_limit``: node-limited routing (DeepSeek-V3's M = 4 of 8 groups,
+    each group the experts of one node under ep 64), the k experts drawn among those of ``node_limit`` nodes.
+
+    With the chosen nodes' E' = node_limit x E / nodes experts, a node (a rank) is missed by all k draws with
+    probability C(E' - E/nodes, k) / C(E', k) (C(E' - E/ep, k) / C(E', k)); by symmetry (nodes - 1) / nodes of
+    the nodes hit are remote, (ep - 1) / ep of the ranks hit are another rank."""
+    if experts % ep or ep % min(ep, ranks_per_node):
+        raise ValueError(f"routed_copies: {experts} experts over ep {ep} ranks, {ranks_per_node} per node")
+    per_node = min(ep, ranks_per_node)
+    nodes = ep // per_node
+    chosen = nodes if node_limit is None else min(node_limit, nodes)
+    pool = chosen * experts // nodes
+    if k > pool:
+        raise ValueError(f"routed_copies: top-{k} among the {pool} experts of {chosen} nodes")
+    node_hit = 1 - comb(pool - experts // nodes, k) / comb(pool, k)
+    rank_hit = 1 - comb(pool - experts // ep, k) / comb(pool, k)
+    return chosen * node_hit * (nodes - 1) / nodes, chosen * per_node * rank_hit * (ep - 1) / ep
