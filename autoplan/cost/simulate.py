@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from autoplan.schema.schedule import Action, RankOrders
 
@@ -62,6 +63,8 @@ class CriticalPath:
     weights: Counter = field(default_factory=Counter)
     """Weight backward (``W``) actions per stage on the path."""
 
+
+_microbatch = attrgetter("microbatch")
 
 SLOTS = {"F": 0, "B": 1, "I": 2, "W": 3}
 """Duration slot of an action of stage s: SLOTS[kind] x num_stages + s."""
@@ -133,55 +136,77 @@ def compiled(orders: RankOrders, num_stages: int) -> Compiled:
     # than dictionaries of dataclasses, which matters for lists of 10^5 actions. Id -1 is "no dependency".
     # ids: 3 per (stage, micro-batch): its forward, its backward (full or input: what stage s - 1 waits
     # for), its weight backward
-    span = 1 + max((a.microbatch for acts in orders.values() for a in acts), default=0)
-    lists = {}
+    span = 1 + max((max(map(_microbatch, acts)) for acts in orders.values() if acts), default=0)
     for rank, acts in orders.items():
-        rows = []
         for a in acts:
-            s, mb, kind = a.stage, a.microbatch, a.kind
-            if not 0 <= s < num_stages or mb < 0:
+            if not 0 <= a.stage < num_stages or a.microbatch < 0:
                 raise RuntimeError(f"pipeline schedule: rank {rank} runs {a}, outside {num_stages} stages")
-            f_id, b_id, w_id = 3 * s * span + mb, (3 * s + 1) * span + mb, (3 * s + 2) * span + mb
-            slot = SLOTS[kind] * num_stages + s
-            if kind == "F":
-                rows.append((f_id, f_id - 3 * span if s > 0 else -1, s - 1, -1, -1, slot, a))
-            elif kind == "W":
-                rows.append((w_id, b_id, -1, -1, -1, slot, a))
-            elif s == num_stages - 1:
-                rows.append((b_id, f_id, -1, -1, -1, slot, a))
-            else:
-                rows.append((b_id, b_id + 3 * span, s, f_id, -1, slot, a))
-        lists[rank] = rows
-    index = [-1] * (3 * num_stages * span) + [0]  # the last entry answers for id -1: always "done"
-    actions: list[Action] = []
-    ranks: list[int] = []
+    step, last_stage = 3 * span, num_stages - 1
+    kind_slot = {kind: k * num_stages for kind, k in SLOTS.items()}
+    index = [-1] * (step * num_stages) + [0]  # the last entry answers for id -1: always "done"
     out: list[tuple[int, int, int, int, int, int]] = []
-    cursor = {r: 0 for r in orders}
-    last = {r: -1 for r in orders}
-    remaining = sum(len(a) for a in orders.values())
-    while remaining:
+    emit = out.append
+    runs: list[tuple[int, int, int]] = []  # (rank, first, end): the list positions each visit placed
+    cursor = dict.fromkeys(orders, 0)
+    last = dict.fromkeys(orders, -1)
+    blocked = dict.fromkeys(orders, -1)  # the id a rank last stopped at: skip the rank while it is not placed
+    i, total = 0, sum(len(a) for a in orders.values())
+    while i < total:  # visit the ranks in turn, each as far as its dependencies allow
         progressed = False
-        for rank, rows in lists.items():
-            c, n, previous = cursor[rank], len(rows), last[rank]
+        for rank, acts in orders.items():
+            b = blocked[rank]
+            if b >= 0 and index[b] < 0:
+                continue
+            first = c = cursor[rank]
+            n, previous = len(acts), last[rank]
             while c < n:
-                key, d1, e1, d2, e2, slot, action = rows[c]
-                if index[d1] < 0 or index[d2] < 0:
-                    break
-                i = len(out)
+                a = acts[c]
+                s, kind = a.stage, a.kind
+                f_id = step * s + a.microbatch
+                if kind == "F":  # the forward of s - 1 on the same micro-batch, across edge s - 1
+                    key, dep = f_id, f_id - step
+                    if s == 0:
+                        row = (previous, -1, -1, -1, -1, s)
+                    elif index[dep] < 0:
+                        break
+                    else:
+                        row = (previous, index[dep], s - 1, -1, -1, s)
+                elif kind == "W":  # its own input backward
+                    key, dep = f_id + 2 * span, f_id + span
+                    if index[dep] < 0:
+                        break
+                    row = (previous, index[dep], -1, -1, -1, kind_slot["W"] + s)
+                elif s == last_stage:  # its own forward
+                    key, dep = f_id + span, f_id
+                    if index[dep] < 0:
+                        break
+                    row = (previous, index[dep], -1, -1, -1, kind_slot[kind] + s)
+                else:  # the backward of s + 1 across edge s, and its own forward
+                    key = f_id + span
+                    dep = key + step if index[key + step] < 0 else f_id
+                    if index[dep] < 0:
+                        break
+                    row = (previous, index[key + step], s, index[f_id], -1, kind_slot[kind] + s)
                 index[key] = i
-                out.append((previous, index[d1] if d1 >= 0 else -1, e1 if d1 >= 0 else -1,
-                            index[d2] if d2 >= 0 else -1, e2, slot))
-                actions.append(action)
-                ranks.append(rank)
+                emit(row)
                 previous = i
+                i += 1
                 c += 1
-            if c > cursor[rank]:
-                remaining -= c - cursor[rank]
+            else:
+                dep = -1
+            blocked[rank] = dep
+            if c > first:
                 progressed = True
-            cursor[rank], last[rank] = c, previous
+                runs.append((rank, first, c))
+                cursor[rank], last[rank] = c, previous
         if not progressed:
             stuck = {r: str(a[cursor[r]]) for r, a in orders.items() if cursor[r] < len(a)}
             raise RuntimeError(f"pipeline schedule deadlocks; next actions per rank: {stuck}")
+    actions: list[Action] = []
+    ranks: list[int] = []
+    for rank, first, end in runs:
+        actions += orders[rank][first:end]
+        ranks += [rank] * (end - first)
     result = Compiled(actions, ranks, out, {r: last[r] for r, acts in orders.items() if acts})
     if len(_COMPILED) > 4096:
         _COMPILED.clear()
@@ -209,6 +234,13 @@ def rank_ends(c: Compiled, fwd: list[int], bwd: list[int], p2p: list[int], late_
     durations = slot_durations(fwd, bwd, wgt)
     transfer = list(p2p) + [0]
     end = [0] * (len(c.rows) + 1)
+    if not late_receive:  # the common case, without the receive test
+        for i, (prev, d1, e1, d2, e2, slot) in enumerate(c.rows):
+            t, u, v = end[prev], end[d1] + transfer[e1], end[d2] + transfer[e2]
+            if u > t:
+                t = u
+            end[i] = (v if v > t else t) + durations[slot]
+        return {r: end[i] for r, i in c.last_index.items()}
     for i, (prev, d1, e1, d2, e2, slot) in enumerate(c.rows):
         t = end[prev] + late_receive if late_receive and (e1 >= 0 or e2 >= 0) else end[prev]
         u = end[d1] + transfer[e1]

@@ -54,6 +54,10 @@ class Action:
 
 RankOrders = dict[int, list[Action]]
 
+_action = functools.lru_cache(maxsize=1 << 20)(Action)
+"""The builders' constructor: one shared (frozen) object per action, which the schedules of one search
+share (a dataclass's own constructor costs several times a cache hit, over 10^6 actions a search)."""
+
 
 def stage_rank(schedule: str, stage: int, pp: int) -> int:
     """The pipeline rank that holds ``stage``: in a loop, stage s on rank s % pp (Narayanan et al. 2021;
@@ -114,16 +118,16 @@ def forward_only_schedule(schedule: str, pp: int, virtual_stages: int, num_micro
 
 def gpipe_order(rank: int, m: int) -> list[Action]:
     """All forwards, then all backwards, in micro-batch order."""
-    return [Action(rank, "F", i) for i in range(m)] + [Action(rank, "B", i) for i in range(m)]
+    return [_action(rank, "F", i) for i in range(m)] + [_action(rank, "B", i) for i in range(m)]
 
 
 def one_f_one_b_order(rank: int, pp: int, m: int) -> list[Action]:
     """PipeDream-flush: pp-1-rank warm-up forwards, then alternate one forward and one backward."""
     warmup = min(pp - 1 - rank, m)
-    actions = [Action(rank, "F", i) for i in range(warmup)]
+    actions = [_action(rank, "F", i) for i in range(warmup)]
     for i in range(m - warmup):
-        actions += [Action(rank, "F", warmup + i), Action(rank, "B", i)]
-    actions += [Action(rank, "B", i) for i in range(m - warmup, m)]
+        actions += [_action(rank, "F", warmup + i), _action(rank, "B", i)]
+    actions += [_action(rank, "B", i) for i in range(m - warmup, m)]
     return actions
 
 
@@ -139,19 +143,23 @@ def interleaved_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
         raise SpecError(f"num_microbatches: interleaved needs a multiple of {rounds}, got {m}")
     total = v * m
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
+    # step k of the forwards (or backwards) runs local stage (k // per_round) % v (backwards: from the last)
+    # on that stage's micro-batch (k // (v per_round)) per_round + k % per_round: the rounds before it
+    forwards = _local_walk(rank, pp, v, per_round, total, "F")
+    backwards = _local_walk(rank, pp, v, per_round, total, "B")
+    # warm-up forwards, then one forward and one backward, then the cool-down backwards
+    steady = [x for pair in zip(forwards[warmup:], backwards) for x in pair]
+    return forwards[:warmup] + steady + backwards[total - warmup:]
 
-    forwards, backwards = [0] * v, [0] * v  # per local stage, the next micro-batch of each kind
-    actions: list[Action] = []
-    for step in range(total + warmup):
-        if step < total:  # a forward at this step (warm-up or steady state)
-            local = (step // per_round) % v
-            actions.append(Action(local * pp + rank, "F", forwards[local]))
-            forwards[local] += 1
-        if step >= warmup:  # a backward at this step (steady state or cool-down)
-            local = v - 1 - ((step - warmup) // per_round) % v
-            actions.append(Action(local * pp + rank, "B", backwards[local]))
-            backwards[local] += 1
-    return actions
+
+def _local_walk(rank: int, pp: int, v: int, per_round: int, total: int, kind: Kind) -> list[Action]:
+    """The ``total`` forwards (or backwards, local stages from the last) of a rank in interleaved order."""
+    cycle = v * per_round  # a round on every local stage
+    if kind == "F":
+        return [_action((k // per_round) % v * pp + rank, kind, k // cycle * per_round + k % per_round)
+                for k in range(total)]
+    return [_action((v - 1 - (k // per_round) % v) * pp + rank, kind, k // cycle * per_round + k % per_round)
+            for k in range(total)]
 
 
 def zb1p_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
@@ -166,29 +174,19 @@ def zb1p_order(rank: int, pp: int, v: int, m: int) -> list[Action]:
     total = v * m
     warmup = min((v - 1) * per_round + (pp - 1 - rank), total)
 
-    # per local stage, the next micro-batch of each kind; a W repeats the stage and micro-batch of the I
-    # it defers (torch counts W per stage in the same order as I)
-    forwards, inputs_done = [0] * v, [0] * v
-    actions: list[Action] = []
-    inputs: list[Action] = []
-    weights_done = 0
-    for step in range(total + warmup):
-        if step < total:
-            local = (step // per_round) % v
-            actions.append(Action(local * pp + rank, "F", forwards[local]))
-            forwards[local] += 1
-        if step >= warmup:
-            local = v - 1 - ((step - warmup) // per_round) % v
-            backward = Action(local * pp + rank, "I", inputs_done[local])
-            inputs_done[local] += 1
-            actions.append(backward)
-            inputs.append(backward)
-            if step - warmup >= rank:  # W deferred by `rank` backwards (torch's num_1f1b_microbatches)
-                deferred = inputs[weights_done]
-                actions.append(Action(deferred.stage, "W", deferred.microbatch))
-                weights_done += 1
-    actions += [Action(a.stage, "W", a.microbatch) for a in inputs[weights_done:]]
-    return actions
+    # interleaved 1F1B's walks (``_local_walk``); a W repeats the stage and micro-batch of the I it defers
+    # (torch counts W per stage in the same order as I)
+    forwards = _local_walk(rank, pp, v, per_round, total, "F")
+    inputs = _local_walk(rank, pp, v, per_round, total, "I")
+    weights = [_action(a.stage, "W", a.microbatch) for a in inputs]
+    actions = forwards[:warmup]
+    for j in range(total):  # step warmup + j: a forward while any is left, the j-th I, the W deferred by `rank`
+        if warmup + j < total:
+            actions.append(forwards[warmup + j])
+        actions.append(inputs[j])
+        if j >= rank:  # torch's num_1f1b_microbatches
+            actions.append(weights[j - rank])
+    return actions + weights[max(0, total - rank):]
 
 
 def zbv_order(rank: int, pp: int, m: int) -> list[Action]:
@@ -200,29 +198,29 @@ def zbv_order(rank: int, pp: int, m: int) -> list[Action]:
     actions: list[Action] = []
     f0 = f1 = b0 = b1 = 0
     for _ in range(2 * (pp - rank) - 1):
-        actions.append(Action(c0, "F", f0))
+        actions.append(_action(c0, "F", f0))
         f0 += 1
     for _ in range(rank):
-        actions += [Action(c1, "F", f1), Action(c0, "F", f0)]
+        actions += [_action(c1, "F", f1), _action(c0, "F", f0)]
         f1, f0 = f1 + 1, f0 + 1
     for _ in range(pp - rank):
-        actions += [Action(c1, "F", f1), Action(c1, "I", b1), Action(c1, "W", b1)]
+        actions += [_action(c1, "F", f1), _action(c1, "I", b1), _action(c1, "W", b1)]
         f1, b1 = f1 + 1, b1 + 1
     while f1 < f0 or f0 < n:
         if f0 < n:
-            actions.append(Action(c0, "F", f0))
+            actions.append(_action(c0, "F", f0))
             f0 += 1
-        actions += [Action(c0, "I", b0), Action(c0, "W", b0), Action(c1, "F", f1), Action(c1, "I", b1),
-                    Action(c1, "W", b1)]
+        actions += [_action(c0, "I", b0), _action(c0, "W", b0), _action(c1, "F", f1), _action(c1, "I", b1),
+                    _action(c1, "W", b1)]
         b0, f1, b1 = b0 + 1, f1 + 1, b1 + 1
     w0, w1 = b0, b1
     for _ in range(rank):
-        actions += [Action(c0, "I", b0), Action(c1, "I", b1)]
+        actions += [_action(c0, "I", b0), _action(c1, "I", b1)]
         b0, b1 = b0 + 1, b1 + 1
     for _ in range(pp - rank):
-        actions += [Action(c0, "I", b0), Action(c0, "W", w0)]
+        actions += [_action(c0, "I", b0), _action(c0, "W", w0)]
         b0, w0 = b0 + 1, w0 + 1
-    actions += [Action(c1, "W", i) for i in range(w1, b1)] + [Action(c0, "W", i) for i in range(w0, b0)]
+    actions += [_action(c1, "W", i) for i in range(w1, b1)] + [_action(c0, "W", i) for i in range(w0, b0)]
     return [a for a in actions if a.microbatch < m]
 
 
@@ -238,14 +236,14 @@ def dualpipev_order(rank: int, pp: int, m: int) -> list[Action]:
         key = (stage, "I" if kind == "B" else kind)  # a full backward advances the input-backward count
         i = counters.get(key, 0)
         counters[key] = i + 1
-        actions.append(Action(stage, kind, i))
+        actions.append(_action(stage, kind, i))
         if kind == "I":
             pending_w.append((stage, i))
 
     def weight() -> None:
         if pending_w:
             stage, i = pending_w.pop(0)
-            actions.append(Action(stage, "W", i))
+            actions.append(_action(stage, "W", i))
 
     for _ in range(2 * (pp - rank - 1)):
         add(c0, "F")
