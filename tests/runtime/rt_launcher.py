@@ -23,10 +23,21 @@ def torchrun(nproc: int, args: list[str], timeout_s: float = 600, env: dict | No
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env, cwd=ROOT)
 
 
+ABORTED = "Signal 6 (SIGABRT) received"
+"""torchrun's report of a rank killed by SIGABRT: gloo's C++ side aborts now and then on this 2-core host
+(../shared/runtime-notes.md, section 7: "terminate called without an active exception", exit code -6), with no
+Python error and nothing wrong in what the ranks computed; re-runs pass."""
+
+
 def worker_results(world: int, worker: str, args: list[str], out: Path, timeout_s: float = 600) -> dict:
     """Launch ``worker`` (a file beside this one) on ``world`` ranks with ``args``; rank 0's JSON at ``out``,
-    or a RuntimeError carrying the ranks' output."""
+    or a RuntimeError carrying the ranks' output. A launch in which a rank was aborted by SIGABRT (``ABORTED``)
+    runs once more: a crash of the transport, not a result; a wrong result fails the test as before."""
     proc = torchrun(world, [str(HERE / worker), *args], timeout_s=timeout_s)
+    if proc.returncode != 0 and ABORTED in proc.stderr + proc.stdout:
+        print(f"torchrun world {world} ({worker}): a rank was aborted by SIGABRT; launching once more")
+        out.unlink(missing_ok=True)
+        proc = torchrun(world, [str(HERE / worker), *args], timeout_s=timeout_s)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"torchrun world {world} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-6000:]}")
