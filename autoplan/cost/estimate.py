@@ -198,19 +198,11 @@ def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes
     over edp) are ``expert_states_gib``, the other parameters' the weights, gradients and optimizer rows."""
     c = t.config
     stages = t.stages_of(rank)
-    k = w.dense_layers if 0 in stages else 0
-    blocks = sum(shapes[s].layers for s in stages) - k
-    params = blocks * w.block.params
-    experts = blocks * w.block.expert_params
-    if k:
-        params += k * w.dense_block.params
-        experts += k * w.dense_block.expert_params
-    if 0 in stages:
-        params += w.embedding.params
-        experts += w.embedding.expert_params
-    if t.num_stages - 1 in stages:
-        params += w.head.params + (w.tied_copy_params if c.pp > 1 else 0.0)
-        experts += w.head.expert_params
+    held = [(cost, count) for s in stages for cost, count in stage_layers(w, t, s, shapes[s].layers)]
+    params = sum(count * cost.params for cost, count in held)
+    experts = sum(count * cost.expert_params for cost, count in held)
+    if t.num_stages - 1 in stages and c.pp > 1:  # the last stage's own copy of a tied embedding
+        params += w.tied_copy_params
     per_param = rank_state_bytes(training, c, w.stack)
     per_expert = rank_state_bytes(training, c, w.stack, expert=True).total
     params -= experts
