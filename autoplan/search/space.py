@@ -216,15 +216,14 @@ def is_moe(model) -> bool:
 
 def expert_options(model, tp: int, cp: int, dp: int, sequence_parallel: bool, pins: Pins) -> list[tuple[int, int]]:
     """(ep, etp) pairs of one (tp, cp, dp, sp): (1, 1) for a dense model; for a MoE model every ep dividing
-    the experts and etp 1 or tp (``pins`` fix either), with ep x etp dividing tp x cp x dp and the model's
-    checks passed (schema/plan.py ``expert_parallel_refusal``)."""
+    the experts and etp 1 or tp (``pins`` fix either) that pass the layout's checks: ep x etp folds into
+    tp x cp x dp (``ParallelDims.expert_fold_error``) and the model's (schema/plan.py ``expert_parallel_refusal``)."""
     if not is_moe(model):
         return [(1, 1)]
     eps = [pins.ep] if pins.ep is not None else divisors(model.moe.num_experts)
     etps = [pins.etp] if pins.etp is not None else sorted({1, tp})
-    dims = ParallelDims(tp=tp, cp=cp, dp=dp)
     return [(ep, etp) for etp in etps for ep in eps
-            if dims.stage_ranks % (ep * etp) == 0
+            if ParallelDims(tp=tp, cp=cp, dp=dp, ep=ep, etp=etp).expert_fold_error() is None
             and expert_parallel_refusal(ep, etp, model, tp, sequence_parallel) is None]
 
 
