@@ -43,8 +43,8 @@ def _moe_on_host(t: StageTable, host: HostModel, w: Workload, cluster: Cluster, 
                  config: Config) -> StageTable:
     """What a host that re-prices layers (cost/cpu_host/) leaves out of a MoE table, put back: the experts'
     all-to-all on each layer's critical path and in a recomputed block's rerun (stage_table.layer_times), and
-    the leading dense blocks priced by the same host as a block of their own. (The host's FSDP units and
-    optimizer shards still treat expert parameters like the others, over dp x cp, not edp.)"""
+    the leading dense blocks priced by the same host as a block of their own. (The host's FSDP units still
+    treat expert parameters like the others, over dp x cp, not edp; its optimizer shards do not.)"""
     def plus(times: LayerTimes, layer: LayerCost) -> LayerTimes:
         fwd, bwd = times.fwd_ns + ns(layer.ep_fwd_s), times.bwd_ns + ns(layer.ep_bwd_s)
         return LayerTimes(fwd, bwd, min(bwd, times.wgt_ns))
