@@ -12,7 +12,7 @@ and ZeRO (FSDP2) run over the flattened ("dp", "cp") axis ``dp_cp``, as torchtit
 Mixture of Experts: a second DeviceMesh over the same ranks, ``expert_mesh``, with axes ``EXPERT_AXES``
 (pp, edp, ep, etp): the fold ParallelDims defines and the cost model prices (Megatron-Core's expert
 RankGenerator). Its grid is laid out from ``ParallelDims.expert_coords`` rank by rank, and each of this rank's
-groups is checked against ``ParallelDims.expert_group_of``. Expert weights are DTensors on its ``ep`` axis,
+groups is checked against ``ParallelDims.expert_group_of``. Expert weights are DTensors on its ep (and etp) axes,
 FSDP2 / replicate runs over its ``edp`` axis: FSDP2 needs the EP and the DP mesh of one parameter to come from
 one root mesh (tests/runtime/ep_worker.py ``fsdp_case``), which is why the expert axes are one mesh of their own
 rather than slices of the dense mesh. ``stage_group`` (all tp x cp x dp ranks of this pipeline rank) is the

@@ -10,7 +10,7 @@ from autoplan.schema.plan import ModulePlan, require_runnable
 
 def check_runtime_support(plan: Plan | ModulePlan) -> None:
     """What a valid plan may describe and the runtime does not run, refused in one line: the schema's
-    ``require_runnable`` (precision, etp > 1, the model's features, a sequence past its window) and what the
+    ``require_runnable`` (precision, the model's features, a sequence past its window) and what the
     reference models cannot build (runtime/models ``check_buildable``)."""
     require_runnable(plan)
     if isinstance(plan, ModulePlan):

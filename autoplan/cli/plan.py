@@ -9,7 +9,6 @@ import sys
 
 from autoplan.cli.common import add_input_arguments, add_layout_arguments, load_inputs, load_stack_arg, runnable_spec
 from autoplan.errors import SpecError
-from autoplan.schema import DEFAULT_STACK
 
 DESCRIPTION = """\
 Search the fastest plan that fits. The search is a best-first branch-and-bound over the configurations
@@ -159,10 +158,6 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--offload: needs ZeRO stage >= 1 (it offloads the sharded optimizer state) and "
                         "--zero-stage 0 is pinned; pin --zero-stage 1 or more, or drop --offload")
     stack = load_stack_arg(args)
-    if spec is not None and spec.moe is not None and stack.name == DEFAULT_STACK and pins.etp is None:
-        # this project's runtime splits experts over ep and edp only (schema/plan.py require_runnable): a plan
-        # priced for it is not searched with etp > 1; other stacks (--stack megatron) search it
-        pins = dataclasses.replace(pins, etp=1)
     make = lambda m, c, t: workload_fn(m, c, t, stack, rescale=args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
                     top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)

@@ -12,9 +12,10 @@ resharding after forward), which is the count the ZeRO-1/2 memory model assumes.
 
 Mixture-of-Experts blocks (``model.is_moe_block(layer)``; runtime/models/moe.py): attention and norms as a dense
 block; the router [E, h] whole on every TP rank (each TP rank routes its own sequence slice); the routed experts
-as three [E, ., .] tensors split on dim 0 over the ep ranks (E/ep whole experts each, no TP split: etp = 1, the
-only value the runtime runs) and, under ZeRO-3, cut by FSDP2 over the expert-data-parallel group (edp = tp x cp x
-dp / ep ranks, runtime/parallel/data_parallel.py) into ceil(E/ep / edp) padded rows; the shared experts a
+as three [E, ., .] tensors split on dim 0 over the ep ranks (E/ep experts each) and on their width F over the
+etp ranks (gate and up [E, F, H] by columns, down [E, H, F] by rows: runtime/parallel/expert_parallel.py) and,
+under ZeRO-3, cut by FSDP2 over the expert-data-parallel group (edp = tp x cp x dp / (ep x etp) ranks,
+runtime/parallel/data_parallel.py) into ceil(E/ep / edp) padded rows; the shared experts a
 SwiGLU MLP of width ``moe.shared_width``, split over TP like the dense MLP.
 
 The shapes restate runtime/models (gpt.py, llama.py, moe.py); tests/runtime compare this count with the
@@ -37,9 +38,10 @@ from autoplan.schema import Layout, ModelSpec, TrainingSetup
 class ParamTensor:
     shape: tuple[int, ...]
     tp_dim: int | None
-    """The dimension TP splits, or None for a tensor every TP rank holds whole."""
+    """The dimension TP splits (a routed-expert weight: the width dimension etp splits), or None for a tensor
+    every TP rank holds whole."""
     expert: bool = False
-    """A routed-expert weight [E, ., .]: dim 0 split over ep, ZeRO over edp instead of dp x cp."""
+    """A routed-expert weight [E, ., .]: dim 0 split over ep, ``tp_dim`` over etp, ZeRO over edp instead of dp x cp."""
 
 
 def block_tensors(model: ModelSpec, layer: int = 0) -> list[ParamTensor]:
@@ -76,8 +78,7 @@ def moe_block_tensors(model: ModelSpec) -> list[ParamTensor]:
     the shared experts (TP-split like the dense MLP)."""
     moe, h = model.moe, model.hidden_size
     e, f, s = moe.num_experts, moe.expert_ffn_size, moe.shared_width
-    routed = [ParamTensor((e, f, h), None, True), ParamTensor((e, f, h), None, True),
-              ParamTensor((e, h, f), None, True)]
+    routed = [ParamTensor((e, f, h), 1, True), ParamTensor((e, f, h), 1, True), ParamTensor((e, h, f), 2, True)]
     shared = [ParamTensor((s, h), 0), ParamTensor((s, h), 0), ParamTensor((h, s), 1)] if s else []
     return llama_attention_tensors(model) + [ParamTensor((e, h), None)] + routed + shared
 
@@ -97,13 +98,13 @@ def head_tensors(model: ModelSpec, separate_copy: bool, tp: int = 1) -> list[Par
     return norm + (projection if separate_copy or not model.tie_embeddings else [])
 
 
-def local_numel(t: ParamTensor, tp: int, dp: int, zero_stage: int, ep: int = 1, edp: int = 1) -> int:
-    """Elements of ``t`` on one device: its TP (or, for an expert weight, EP) slice, then its ZeRO-3 chunk
+def local_numel(t: ParamTensor, tp: int, dp: int, zero_stage: int, ep: int = 1, edp: int = 1, etp: int = 1) -> int:
+    """Elements of ``t`` on one device: its TP (or, for an expert weight, EP x ETP) slice, then its ZeRO-3 chunk
     over dp x cp (an expert weight: over edp)."""
     shape = list(t.shape)
     if t.expert:
         shape[0] //= ep
-        dp = edp
+        tp, dp = etp, edp
     if t.tp_dim is not None:
         shape[t.tp_dim] //= tp
     if zero_stage == 3:
@@ -125,6 +126,6 @@ def local_params_per_rank(model: ModelSpec, layout: Layout, training: TrainingSe
             if stage.index == last:
                 tensors += head_tensors(model, separate_copy=layout.pp > 1, tp=layout.tp)
         dims = layout.dims
-        counts.append(sum(local_numel(t, layout.tp, layout.dp_cp, layout.zero_stage, dims.ep, dims.edp)
+        counts.append(sum(local_numel(t, layout.tp, layout.dp_cp, layout.zero_stage, dims.ep, dims.edp, dims.etp)
                           for t in tensors))
     return tuple(counts)

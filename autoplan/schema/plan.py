@@ -309,12 +309,9 @@ def window_refusal(model: ModelSpec, training: TrainingSetup) -> str | None:
 
 def require_runnable(plan: "Plan | ModulePlan") -> None:
     """The one-line refusal ``autoplan run``/``eval`` (and every rank, runtime/validate.py) give for a plan
-    the runtime cannot execute as planned: a planner-only precision, expert tensor parallelism, a model
-    feature the runtime's reference models do not compute (``ModelSpec.runtime_refusal``), a sequence longer
-    than the model's window."""
+    the runtime cannot execute as planned: a planner-only precision, a model feature the runtime's reference
+    models do not compute (``ModelSpec.runtime_refusal``), a sequence longer than the model's window."""
     require_runnable_precision(plan.training)
-    require(plan.etp == 1, "etp", f"{plan.etp}: the runtime does not split experts over expert-tensor-parallel ranks "
-            "yet (expert parallelism and data parallelism only); set etp: 1")
     if isinstance(plan, ModulePlan):
         return
     unbuilt = plan.model.runtime_refusal()

@@ -161,8 +161,10 @@ def grouped_mm_supported(x: torch.Tensor, w: torch.Tensor) -> bool:
 class GroupedExperts(nn.Module):
     """E SwiGLU experts as three 3-D weights; computes tokens already sorted by expert.
 
-    Under expert parallelism the weights are DTensors sharded on dim 0 (this rank's e experts);
-    ``forward`` only sees local tensors. ``grad_scale`` (set by ``apply_expert_parallel``) multiplies the
+    Under expert parallelism the weights are DTensors sharded on dim 0 (this rank's e experts), and under
+    expert tensor parallelism also on the width F (gate / up by columns, down by rows: this rank's slice of
+    each expert, whose output is then a partial sum the dispatcher reduces); ``forward`` only sees local
+    tensors and computes the same either way. ``grad_scale`` (set by ``apply_expert_parallel``) multiplies the
     weights' gradients: see there why."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int) -> None:
@@ -226,7 +228,7 @@ class MoE(nn.Module):
     """Router + grouped experts (+ shared experts), input and output [..., H] like Llama's ``MLP``.
 
     ``dispatcher``: None computes every expert here; ``apply_expert_parallel`` installs an all-to-all
-    dispatcher that sends the routed tokens to the ranks holding their experts and back.
+    dispatcher that sends the routed tokens to the ranks holding their experts (or expert slices) and back.
     ``aux_group``: the process group the auxiliary loss counts tokens over (None: this rank's tokens).
     After a training forward, ``aux_loss`` holds aux_loss_coefficient * the balance loss (with its graph), or
     None when the coefficient is 0. ``aux_loss_grad_scale``: None leaves it there for ``collect_aux_loss``; a

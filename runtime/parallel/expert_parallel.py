@@ -44,11 +44,32 @@ Which gradients need which reduction (EP inside data parallelism; none is done h
 With FSDP2 as in (c) both happen with no extra call. ``reduce_gradients`` does both for a model without
 a data-parallel wrapper (the tests, or a trainer that reduces by hand).
 
+Expert tensor parallelism (etp > 1; Megatron-Core's expert-tp: experts.py ``TEGroupedMLP`` / ``SequentialMLP``
+with the expert-tp group, token_dispatcher.py ``MoEAlltoAllTokenDispatcher``): each expert's matrices are split
+over the etp ranks of an ETP group, gate and up by columns (Shard(1) of [E, F, H], fc1 column-parallel) and
+down by rows (Shard(2) of [E, H, F], fc2 row-parallel), so the expert weights are DTensors on the 2-D
+(ep, etp) mesh (Shard(0), Shard(1 or 2)), or on the etp axis alone when ep = 1. The ETP ranks of one EP
+coordinate hold the same experts' slices but route their own tokens; after the EP all-to-all, 3'. the rows
+are all-gathered over the ETP group (every slice must see every row; Megatron's
+``gather_from_sequence_parallel_region`` over the expert-tp group), each rank computes silu(x g_k) * (x u_k)
+d_k on its width slice k, a partial sum of the output, and 4'. the partial outputs are reduce-scattered back
+over ETP (each rank summing its own rows) before the EP all-to-all back. The counts are exchanged first (an
+all-to-all over EP, then an all-gather over ETP: ``received_counts``), so every split size is known. Backward
+mirrors it: the reduce-scatter's backward all-gathers the output gradients, the all-gather's backward
+reduce-scatters the input gradients, and each slice's weight gradient sums the whole ep x etp group's rows
+(``grad_mean`` scales it by 1/(ep x etp)). FSDP2 over edp then makes the weights 3-D (edp, ep, etp) DTensors:
+torch 2.13's FSDP2 takes parameters on at most a 2-D "EP+TP" mesh (_fsdp_param.py ``_init_sharding_spec_tp``),
+which this is, and DCP reshards them into any other (ep, etp, edp) like the 1-D ones. The router, the aux
+loss and the bias rule do not change. Uneven row counts per rank (routing decides them) are why the ETP
+collectives are our own (``gather_rows``, ``reduce_scatter_rows``: autograd all-to-alls).
+
 In the runtime (``apply_plan_experts``, called by runtime/build.py on each stage after TP): the EP group is
 the plan's (runtime/mesh.py's expert mesh, ParallelDims' fold: with tp > 1 it takes the TP ranks first, and
 under TP + SP each TP rank routes its own sequence slice), the experts are FSDP2 / replicate units over the
 edp axis of that mesh (runtime/parallel/data_parallel.py), and the expert gradient scale is
-``expert_grad_scale`` (edp / (dp x cp), which is ``grad_mean``'s 1/ep only without TP and CP).
+``expert_grad_scale`` (edp / (dp x cp), which is ``grad_mean``'s 1/(ep x etp) only without TP and CP). The
+ETP group is the plan's too (etp fastest in the fold: with etp = tp it is the TP group, each rank's sequence
+slice gathered as Megatron-Core gathers it).
 
 Load balancing over the group: ``MoE.aux_group`` (set here) makes the auxiliary loss count the expert
 loads over that group; ``update_expert_bias`` (sigmoid router) all-reduces the loads over the group it is
@@ -72,71 +93,155 @@ EXPERT_WEIGHTS = ("gate", "up", "down")
 
 
 class AllToAllDispatcher:
-    """Sends sorted (token, slot) rows to the EP ranks holding their experts, computes them, returns them.
-    Holds no parameters (a plain object on ``MoE.dispatcher``)."""
+    """Sends sorted (token, slot) rows to the ranks holding their experts, computes them, returns them.
+    Holds no parameters (a plain object on ``MoE.dispatcher``).
 
-    def __init__(self, group: Any, ep: int, num_experts: int) -> None:
+    ``group`` / ``ep``: the EP group (None / 1: every rank holds every expert, no all-to-all);
+    ``etp_group`` / ``etp``: the ranks that split each local expert's matrices (None / 1: whole experts)."""
+
+    def __init__(self, group: Any, ep: int, num_experts: int, etp_group: Any = None, etp: int = 1) -> None:
         self.group, self.ep, self.local_experts = group, ep, num_experts // ep
+        self.etp_group, self.etp = etp_group, etp
+        self.etp_rank = dist.get_rank(etp_group) if etp > 1 else 0
 
     def __call__(self, xs: torch.Tensor, counts: torch.Tensor, experts: GroupedExperts) -> torch.Tensor:
         """xs [N, H] sorted by global expert, counts [E] rows per expert -> expert outputs [N, H], same order."""
         ep, e = self.ep, self.local_experts
-        with torch.no_grad():  # recv[i, j]: rows rank i sends to this rank's local expert j
-            recv = torch.empty_like(counts)
-            dist.all_to_all_single(recv, counts, group=self.group)
-            recv = recv.view(ep, e)
-            send_splits = counts.view(ep, e).sum(1).tolist()  # rows to each rank (host sync on a GPU)
-            recv_splits = recv.sum(1).tolist()
-            expert_of_row = torch.arange(e, device=xs.device).repeat(ep).repeat_interleave(recv.flatten())
-            perm = expert_of_row.argsort(stable=True)  # [R] rank-major -> expert-major
+        with torch.no_grad():
+            recv = self.received_counts(counts)  # [etp, ep, e]
+            # rows to / from each EP rank, and each ETP rank's rows after its EP all-to-all: one host sync on a GPU
+            sizes = torch.cat([counts.view(ep, e).sum(1), recv[self.etp_rank].sum(1), recv.sum((1, 2))]).tolist()
+            send_splits, recv_splits, etp_splits = sizes[:ep], sizes[ep:2 * ep], sizes[2 * ep:]
+            expert_of_row = torch.arange(e, device=xs.device).repeat(self.etp * ep).repeat_interleave(
+                recv.flatten(), output_size=sum(etp_splits))  # the size given: no second sync
+            perm = expert_of_row.argsort(stable=True)  # [R] (etp rank, EP rank, expert)-major -> expert-major
             inverse = torch.empty_like(perm)
             inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-        xr = all_to_all_single_autograd(xs, recv_splits, send_splits, self.group)  # [R, H] rank-major
-        ye = experts(xr[perm], recv.sum(0))  # [R, H] expert-major, counts per local expert [e]
-        return all_to_all_single_autograd(ye[inverse], send_splits, recv_splits, self.group)  # [N, H]
+        xr = self.exchange(xs, recv_splits, send_splits)  # [R_own, H] EP-rank-major
+        xg = gather_rows(xr, etp_splits, self.etp_group)  # [R, H] every ETP rank's rows, ETP-rank-major
+        ye = experts(xg[perm], recv.sum((0, 1)))  # [R, H] expert-major (partial sums under etp > 1)
+        yr = reduce_scatter_rows(ye[inverse], etp_splits, self.etp_rank, self.etp_group)  # [R_own, H]
+        return self.exchange(yr, send_splits, recv_splits)  # [N, H]
+
+    def received_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """[etp, ep, e]: entry [k, i, j] = rows EP rank i of ETP rank k's EP group sends to local expert j (all
+        ETP ranks of one expert slice hold the same experts). Megatron-Core all-gathers the counts over the
+        expert tp x ep group in one call; here an all-to-all over EP, then an all-gather over ETP (no flattened
+        group needed). No autograd."""
+        recv = torch.empty_like(counts)
+        if self.ep > 1:
+            dist.all_to_all_single(recv, counts, group=self.group)
+        else:
+            recv.copy_(counts)
+        if self.etp > 1:
+            everyone = recv.new_empty(self.etp * recv.numel())
+            dist.all_gather_single(everyone, recv, group=self.etp_group)
+            recv = everyone
+        return recv.view(self.etp, self.ep, self.local_experts)
+
+    def exchange(self, rows: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+        """The EP all-to-all (autograd; the identity for ep 1)."""
+        if self.ep == 1:
+            return rows
+        return all_to_all_single_autograd(rows, out_splits, in_splits, self.group)
 
 
-def as_mesh(ep: DeviceMesh | Any, device: torch.device) -> DeviceMesh:
-    """A 1-D DeviceMesh for ``ep``: the mesh itself, or one wrapped around a ProcessGroup."""
-    if isinstance(ep, DeviceMesh):
-        if ep.ndim != 1:
-            raise ValueError(f"the EP mesh must be 1-D, got {ep.ndim} axes")
-        return ep
-    return DeviceMesh.from_group(ep, device.type)
+def gather_rows(rows: torch.Tensor, splits: list[int], group: Any) -> torch.Tensor:
+    """All-gather over ``group`` of a different number of rows per rank (``splits``, in group rank order),
+    with autograd: backward reduce-scatters the gradients. Megatron-Core's
+    ``gather_from_sequence_parallel_region(output_split_sizes=...)`` after the EP all-to-all.
+
+    Our own because torch's autograd all-gather (``_functional_collectives.all_gather_tensor_autograd``) and
+    reduce-scatter take equal sizes only, gloo's list all_gather refuses unequal ones (torch 2.13:
+    "ProcessGroupGloo::allgather: invalid tensor size"), and padding to the largest would move more bytes. An
+    autograd all-to-all that sends this rank's rows to every rank of the group moves the same bytes as an
+    all-gather and runs on gloo and NCCL; its backward all-to-all returns each rank's gradient of these rows,
+    which ``repeat``'s backward sums (the reduce-scatter)."""
+    n = len(splits)
+    if n == 1:
+        return rows
+    return all_to_all_single_autograd(rows.repeat(n, 1), splits, [rows.shape[0]] * n, group)
+
+
+def reduce_scatter_rows(rows: torch.Tensor, splits: list[int], rank: int, group: Any) -> torch.Tensor:
+    """The inverse of ``gather_rows``: ``rows`` [sum(splits), H] holds every rank's rows (rank-major), each a
+    partial sum; returns this rank's splits[rank] rows summed over the group. Megatron-Core's
+    ``reduce_scatter_to_sequence_parallel_region(input_split_sizes=...)``; an autograd all-to-all then a
+    local sum in group rank order (the same bytes as a reduce-scatter; ``gather_rows`` says why not torch's)."""
+    n = len(splits)
+    if n == 1:
+        return rows
+    parts = all_to_all_single_autograd(rows, [splits[rank]] * n, splits, group)  # [n * own, H]
+    return parts.view(n, splits[rank], rows.shape[-1]).sum(0)
+
+
+EXPERT_MESH_AXES = ("ep", "etp")
+SPLIT_DIM = {"gate": 1, "up": 1, "down": 2}
+"""The expert-width dim F of each [E, ...] weight, which etp splits: gate / up by columns ([E, F, H], fc1 of
+Megatron-Core's experts, column-parallel) and down by rows ([E, H, F], fc2, row-parallel)."""
+
+
+def as_mesh(mesh: DeviceMesh | Any, device: torch.device) -> DeviceMesh:
+    """The experts' DeviceMesh: ``mesh`` itself (1-D, or 2-D with axes ("ep", "etp")), or a 1-D EP mesh
+    wrapped around a ProcessGroup."""
+    if not isinstance(mesh, DeviceMesh):
+        return DeviceMesh.from_group(mesh, device.type)
+    if mesh.ndim > 2 or (mesh.ndim == 2 and tuple(mesh.mesh_dim_names or ()) != EXPERT_MESH_AXES):
+        raise ValueError(f"the expert mesh must be 1-D or have axes {EXPERT_MESH_AXES}, got "
+                         f"{mesh.mesh_dim_names or mesh.ndim}")
+    return mesh
+
+
+def mesh_axes(mesh: DeviceMesh) -> tuple[str, ...]:
+    """The expert axes of ``mesh``: its names, or ("ep",) for an unnamed 1-D mesh."""
+    names = tuple(mesh.mesh_dim_names or ("ep",))
+    if not set(names) <= set(EXPERT_MESH_AXES):
+        raise ValueError(f"expert mesh axes must be among {EXPERT_MESH_AXES}, got {names}")
+    return names
 
 
 def apply_expert_parallel(moe: MoE, ep: DeviceMesh | Any, *, grad_mean: bool = True, aux_group: Any = None) -> MoE:
-    """Split ``moe``'s experts over the EP group ``ep`` (a 1-D DeviceMesh, or a ProcessGroup) in place.
+    """Split ``moe``'s experts in place over ``ep``: a 1-D EP DeviceMesh or ProcessGroup; or a mesh with axes
+    ("ep", "etp") or ("etp",) (expert tensor parallelism: each expert's gate / up split by columns, down by
+    rows, over the etp axis).
 
-    ``grad_mean``: scale the expert gradients by 1/ep in backward (the mean convention of the module
-    docstring); False leaves the plain sum of every EP rank's contributions.
+    ``grad_mean``: scale the expert gradients by 1/(ep x etp) in backward, the mean convention of the module
+    docstring when every rank of the mesh is a data-parallel replica; False leaves the plain sum of every
+    rank's contributions.
     ``aux_group``: the group the auxiliary loss counts loads over (None: this rank's tokens only; the
     whole data-parallel group makes it the loss of the global batch)."""
     mesh = as_mesh(ep, moe.router.weight.device)
-    size, num_experts = mesh.size(), moe.spec.num_experts
-    if num_experts % size:
-        raise ValueError(f"{num_experts} experts do not split over {size} EP ranks")
+    axes = mesh_axes(mesh)
+    size = dict(zip(axes, mesh.shape))
+    ep_size, etp_size, num_experts = size.get("ep", 1), size.get("etp", 1), moe.spec.num_experts
+    if num_experts % ep_size:
+        raise ValueError(f"{num_experts} experts do not split over {ep_size} EP ranks")
+    if moe.spec.expert_ffn_size % etp_size:
+        raise ValueError(f"the expert width {moe.spec.expert_ffn_size} does not split over {etp_size} ETP ranks")
     for name in EXPERT_WEIGHTS:
         p = getattr(moe.experts, name)
         if isinstance(p, DTensor):
             raise ValueError("expert parallelism is already applied to this layer")
-        shard = distribute_tensor(p.detach(), mesh, [Shard(0)], src_data_rank=None)  # local slice, no comm
+        placements = [Shard(0) if axis == "ep" else Shard(SPLIT_DIM[name]) for axis in axes]
+        shard = distribute_tensor(p.detach(), mesh, placements, src_data_rank=None)  # local slice, no comm
         setattr(moe.experts, name, nn.Parameter(shard, requires_grad=p.requires_grad))
-    moe.experts.grad_scale = 1.0 / size if grad_mean else 1.0
-    moe.dispatcher = AllToAllDispatcher(mesh.get_group(), size, num_experts)
+    moe.experts.grad_scale = 1.0 / (ep_size * etp_size) if grad_mean else 1.0
+    group = {axis: mesh.get_group(i) for i, axis in enumerate(axes)}
+    moe.dispatcher = AllToAllDispatcher(group.get("ep"), ep_size, num_experts, group.get("etp"), etp_size)
     moe.aux_group = aux_group
     return moe
 
 
 def apply_plan_experts(model: nn.Module, pm: Any) -> None:
-    """A plan's expert parallelism on every MoE block of one stage model (after TP, before FSDP2): the experts
-    split over the plan's EP group (``pm.ep_mesh``, the expert fold of runtime/mesh.py), the auxiliary loss's
-    expert loads counted over the stage's ranks (``pm.stage_group``), and the expert gradients scaled by
-    ``expert_grad_scale``."""
+    """A plan's expert (tensor) parallelism on every MoE block of one stage model (after TP, before FSDP2):
+    the experts split over the plan's ep and etp axes of ``pm.expert_mesh`` (the expert fold of
+    runtime/mesh.py), the auxiliary loss's expert loads counted over the stage's ranks (``pm.stage_group``),
+    and the expert gradients scaled by ``expert_grad_scale``."""
     dims = pm.dims
+    axes = tuple(axis for axis in EXPERT_MESH_AXES if getattr(dims, axis) > 1)
     for moe in moe_layers(model):
-        if dims.ep > 1:
-            apply_expert_parallel(moe, pm.ep_mesh, grad_mean=False)
+        if axes:
+            apply_expert_parallel(moe, pm.expert_mesh[axes], grad_mean=False)
         moe.aux_group = pm.stage_group if dims.stage_ranks > 1 else None
         moe.experts.grad_scale = expert_grad_scale(dims)
 
@@ -147,11 +252,13 @@ def expert_grad_scale(dims: Any) -> float:
     Why: each rank's loss is the mean over its replica's tokens (the TP ranks of a replica share one loss and
     hold different sequence slices of its tokens; CP ranks have losses of their own, averaged like
     replicas'). An expert's gradient on its owner, after the backward all-to-all, is the sum of the
-    contributions of the tokens the EP group routed to it; the edp group then averages (FSDP2 / replicate over
-    ``edp_mesh``). Summed over every rank of the stage the contributions are sum_r dL_r/dW over the dp x cp
-    losses L_r, and the serial gradient is their mean: sum / (dp x cp) = (edp-mean) x edp / (dp x cp).
-    Without TP and CP, ep x edp = dp and this is 1/ep, ``apply_expert_parallel``'s ``grad_mean``; with
-    tp = ep = 2 it is 1 (the EP group is one replica's two sequence halves)."""
+    contributions of the tokens the EP group routed to it -- under etp > 1, of the whole ep x etp group's
+    tokens (``gather_rows`` brings every ETP rank's rows to each slice of the expert), the same sum per slice;
+    the edp group then averages (FSDP2 / replicate over ``edp_mesh``). Summed over every rank of the stage the
+    contributions are sum_r dL_r/dW over the dp x cp losses L_r, and the serial gradient is their mean:
+    sum / (dp x cp) = (edp-mean) x edp / (dp x cp).
+    Without TP and CP, ep x etp x edp = dp and this is 1/(ep x etp), ``apply_expert_parallel``'s
+    ``grad_mean``; with tp = ep = 2, or tp = etp = 2, it is 1 (the group is one replica's two sequence halves)."""
     return dims.edp / dims.dp_cp
 
 

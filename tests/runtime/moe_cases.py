@@ -41,6 +41,26 @@ CASES: dict[str, dict] = {
     # ... under 1F1B with both MoE blocks of stage 1 recomputed in full (a second dispatch in backward)
     "sigmoid_shared_ep2_pp2_recompute": dict(model="moe-tiny-sigmoid", pp=2, dp=2, ep=2, schedule="1f1b",
                                              num_microbatches=4, full=(2, 3), zero=0),
+    # expert tensor parallelism (Megatron-Core's expert-tp): each expert's gate/up split by columns, down by
+    # rows over etp; etp = tp folds the ETP group onto the TP pair, ep over the replicas (edp 1)
+    "etp2_ep2_tp2": dict(tp=2, dp=2, ep=2, etp=2, sp=True, zero=1),
+    # etp without ep: every rank holds all 8 experts' halves; the ETP pair all-gathers its sequence halves
+    "etp2_tp2": dict(tp=2, dp=2, etp=2, sp=True, zero=2),
+    # ZeRO-3 over an expert data-parallel group of one (edp 1) on top of the (ep, etp) split
+    "etp2_ep2_tp2_zero3": dict(tp=2, dp=2, ep=2, etp=2, sp=True, zero=3),
+    # etp over data-parallel replicas (no TP): the ETP pair gathers two replicas' rows; ZeRO-3 shards each
+    # expert slice over edp 2 (FSDP2 makes the weights 2-D (edp, etp) DTensors)
+    "etp2_dp4_zero3": dict(dp=4, etp=2, zero=3),
+    # DeepSeek-style routing with a shared expert (split over TP) beside the etp-split routed experts
+    "sigmoid_shared_etp2_ep2_tp2": dict(model="moe-tiny-sigmoid", tp=2, dp=2, ep=2, etp=2, sp=True, zero=1),
+}
+ETP_LAYERS: dict[str, dict] = {
+    # one MoE layer (sigmoid router, grad_mean) under ``apply_expert_parallel`` on a (ep, etp) mesh against the
+    # serial layer; "skew" biases every token to experts 0 and 1, so the ranks holding experts 4-7 (ep
+    # coordinate 1) receive no rows and their ETP all-gather and reduce-scatter move empty tensors
+    "etp_layer_ep2_etp2": dict(shape=(2, 2), axes=("ep", "etp"), skew=False),
+    "etp_layer_ep2_etp2_skew": dict(shape=(2, 2), axes=("ep", "etp"), skew=True),
+    "etp_layer_etp4": dict(shape=(4,), axes=("etp",), skew=False),
 }
 EVAL = {"eval_ep2_pp2": dict(pp=2, dp=2, ep=2, schedule="1f1b", num_microbatches=2, zero=1),
         "eval_ep2_tp2": dict(tp=2, dp=2, ep=2, sp=True, zero=3)}
@@ -51,6 +71,10 @@ RESUME: dict[str, tuple[dict, dict]] = {
     # (saved by, resumed into): the same layout; and another ep and ZeRO stage (DCP reshards the expert DTensors)
     "resume_ep2_pp2_zero3": (dict(pp=2, dp=2, ep=2, schedule="1f1b", num_microbatches=2, zero=3),) * 2,
     "resume_ep2_zero3_into_ep4_zero1": (dict(dp=4, ep=2, zero=3), dict(dp=4, ep=4, zero=1)),
+    # an etp2 x ep2 ZeRO-3 checkpoint (expert weights split on dims 0 and 1/2, edp 1) into ep2 with whole
+    # experts (etp 1) averaged over edp 2, ZeRO-1; the same attention side (tp2 dp2: the same global batches)
+    "resume_etp2_ep2_zero3_into_ep2": (dict(tp=2, dp=2, ep=2, etp=2, sp=True, zero=3),
+                                       dict(tp=2, dp=2, ep=2, sp=True, zero=1)),
 }
 
 

@@ -1,9 +1,10 @@
 """Mixture-of-Experts layouts train exactly like one process (issue 31, must-show 2): moe-tiny (llama, 4
 layers, the first dense, 8 experts top-2 of width 32, aux loss 0.01; and a DeepSeek-style variant: sigmoid
 router with the aux-loss-free bias update, a shared expert) on 4 gloo ranks under expert parallelism, alone
-and with TP + SP, CP, 1F1B and zero-bubble V pipelining (with full recomputation), ZeRO 0-3, 5 steps, against
-the serial run of the same spec, seed and global batches (moe_cases.serial_moe_run). One torchrun launch runs
-every case (moe_worker.py).
+and with TP + SP, CP, 1F1B and zero-bubble V pipelining (with full recomputation), ZeRO 0-3, and under expert
+tensor parallelism (etp 2: with ep 2 on the TP pair, without ep, over data-parallel replicas, with ZeRO-3),
+5 steps, against the serial run of the same spec, seed and global batches (moe_cases.serial_moe_run). One
+torchrun launch runs every case (moe_worker.py), the one-layer etp checks (uneven and empty splits) included.
 
 Compared: the losses (the LM loss; the aux loss is optimised, not reported), the global gradient norm, and
 the norms of the experts' and the routers' gradients alone (a wrong factor on either -- an expert gradient
@@ -13,8 +14,9 @@ for the sigmoid router the balancing biases after each step. Tolerance: max rela
 (test_matrix.py says why); measured <= 2.2e-7 here.
 Evaluation (``autoplan eval``'s Evaluator) of ep2 x pp2 and ep2 x tp2 gives the serial summed loss.
 Checkpoints: an ep2 x pp2 ZeRO-3 run saved at step 3 and resumed into a fresh (scrambled) trainer of the same
-layout, and an ep2 ZeRO-3 run resumed into ep4 ZeRO-1 (DCP reshards the expert DTensors, whose mesh is the
-expert mesh (edp, ep)): the losses of steps 4-6 equal the straight run's.
+layout, an ep2 ZeRO-3 run resumed into ep4 ZeRO-1 (DCP reshards the expert DTensors, whose mesh is the
+expert mesh (edp, ep)), and an etp2 x ep2 ZeRO-3 run (experts split on their width too) resumed into ep2 with
+whole experts, ZeRO-1: the losses of steps 4-6 equal the straight run's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from moe_cases import (
-    CASES, EVAL, EVAL_SEQUENCES, RESUME, RESUME_AT, STEPS, WORLD, moe_plan, serial_eval_sum, serial_moe_run,
+    CASES, ETP_LAYERS, EVAL, EVAL_SEQUENCES, RESUME, RESUME_AT, STEPS, WORLD, moe_plan, serial_eval_sum,
+    serial_moe_run,
 )
 from rt_launcher import worker_results
 
@@ -81,3 +84,17 @@ def test_moe_evaluation_matches_serial(name):
     plan = moe_plan(**EVAL[name])
     assert got["tokens"] == EVAL_SEQUENCES * plan.training.seq_len
     assert got["sum"] == pytest.approx(serial_eval_sum(plan, EVAL_DATA, EVAL_SEQUENCES), rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ETP_LAYERS))
+def test_expert_tensor_parallel_layer_matches_serial(name):
+    """One MoE layer with each expert's width split over etp ranks (and its experts over ep), uneven and empty
+    row counts included: outputs and every gradient equal the serial layer's. Tolerance 1e-5 of the largest
+    entry: fp32, with each expert's down projection summed over width slices in another order than one matmul
+    (measured <= 3e-7)."""
+    got = results()[name]
+    diffs = got["diffs"]
+    assert set(diffs) == {"out", "x.grad", "router.grad", "gate.grad", "up.grad", "down.grad"}
+    assert max(diffs.values()) <= 1e-5, diffs
+    assert (got["rows_to_experts_4_7"] == 0) == ETP_LAYERS[name]["skew"]  # skew: those ranks receive no rows
