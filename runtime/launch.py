@@ -111,7 +111,7 @@ def _main(args: argparse.Namespace) -> int:
         check_init_folder(args.init_from, plan.model, plan.training.seq_len)
     if args.save_hf is not None and os.environ.get("RANK", "0") == "0":
         from runtime.hf.files import check_output
-        check_output(args.save_hf, force=False, flag="--save-hf", can_force=False)
+        check_output(args.save_hf, force=False, flag="--save-hf", can_force=False, spec=plan.model)
     if args.metrics is not None and os.environ.get("RANK", "0") == "0":  # `autoplan run` checked it already
         from autoplan.schema._files import check_writable
         check_writable(args.metrics, "--metrics")

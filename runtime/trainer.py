@@ -145,7 +145,7 @@ class Trainer:
         args = (x,) if parts.has_first else ()
         losses: list[torch.Tensor] = []
         kwargs = {"target": y, "losses": losses} if parts.has_last else {}
-        parts.schedule.step(*args, **kwargs)
+        parts.schedule.step(*args, return_outputs=False, **kwargs)  # the losses are all we read: keep no logits
         if not parts.has_last:
             return torch.zeros((), device=self.pm.device)
         return torch.stack([l.detach().float() for l in losses]).mean() / parts.loss_scale.value

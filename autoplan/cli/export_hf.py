@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--max-shard-size: {args.max_shard_size} must be a positive number of GB")
     step, folder = pick_checkpoint(args.checkpoint_dir, args.step)
     spec, manifest = model_of(folder, args.plan)
-    check_output(args.out_dir, args.force)
+    check_output(args.out_dir, args.force, spec=spec)
     if manifest is not None:
         problem = check_files(folder, manifest, sorted(manifest.files))
         if problem is not None:

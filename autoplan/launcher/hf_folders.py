@@ -23,4 +23,4 @@ def check_hf_folders(args: argparse.Namespace, plan: Plan, on_this_host: bool) -
     if init_from is not None:
         check_init_folder(init_from, plan.model, plan.training.seq_len)
     if save_hf is not None:
-        check_output(save_hf, force=False, flag="--save-hf", can_force=False)
+        check_output(save_hf, force=False, flag="--save-hf", can_force=False, spec=plan.model)

@@ -4,7 +4,10 @@ model the runtime trained (``AutoModelForCausalLM.from_pretrained``). Torch-free
 RoPE is written the way both generations of ``transformers`` read it: ``rope_theta`` and
 ``rope_scaling`` at the top level (4.x writes these; 5.x converts them into its ``rope_parameters``).
 The family (``names.family``) is the one whose model computes exactly the runtime's: qwen3 for per-head
-q/k norms, qwen2 for q/k/v biases, mistral for a sliding window, llama otherwise, gpt2 for gpt.
+q/k norms, qwen2 for q/k/v biases, mistral for a sliding window, llama otherwise, gpt2 for gpt; for an MoE
+model mixtral (Mistral's attention, every block MoE) or qwen3_moe (Qwen3's attention; leading dense
+blocks as ``mlp_only_layers``), written with the keys autoplan/schema/hf_config.py reads back to the same
+``moe`` (its ``router_aux_loss_coef`` is the spec's ``aux_loss_coefficient``, as that mapping reads it).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from autoplan.schema import ModelSpec
 from runtime.hf.names import family
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel"}
+                 "qwen3": "Qwen3ForCausalLM", "gpt2": "GPT2LMHeadModel", "mixtral": "MixtralForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
 GPT2_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
 """ModelSpec activation -> GPT-2's ``activation_function`` (``gelu_new`` is the tanh approximation)."""
 
@@ -48,12 +52,30 @@ def hf_config(spec: ModelSpec, positions: int | None = None) -> dict[str, Any]:
         out["rope_scaling"] = {"rope_type": r.rope_type, "factor": r.factor, "low_freq_factor": r.low_freq_factor,
                                "high_freq_factor": r.high_freq_factor,
                                "original_max_position_embeddings": r.original_max_position_embeddings}
-    if kind in ("llama", "mistral", "qwen3"):
+    if kind in ("llama", "mistral", "qwen3", "qwen3_moe"):
         out["attention_bias"] = False  # qwen2 biases q, k, v always (and o never)
     if kind in ("llama", "mistral"):
         out["mlp_bias"] = False
-    if kind == "mistral":
+    if kind in ("mistral", "mixtral"):
         out["sliding_window"] = spec.sliding_window
-    if kind in ("qwen2", "qwen3"):
+    if kind in ("qwen2", "qwen3", "qwen3_moe"):
         out |= {"use_sliding_window": False, "sliding_window": None}
-    return out
+    return out | _moe_keys(spec, kind)
+
+
+def _moe_keys(spec: ModelSpec, kind: str) -> dict[str, Any]:
+    """The routed experts of an MoE family's config (names.moe_family chose a family that has them)."""
+    if spec.moe is None:
+        return {}
+    moe = spec.moe
+    common = {"num_experts_per_tok": moe.experts_per_token, "router_aux_loss_coef": moe.aux_loss_coefficient,
+              "output_router_logits": False}
+    if kind == "mixtral":  # the experts are intermediate_size wide; every block is MoE
+        return common | {"num_local_experts": moe.num_experts, "intermediate_size": moe.expert_ffn_size,
+                         "router_jitter_noise": 0.0}
+    # qwen3_moe: block i is MoE when i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0
+    # (names.moe_family: first_dense_layers is a multiple of the step, so the leading run is those blocks)
+    dense = [i for i in range(moe.first_dense_layers) if (i + 1) % moe.layer_frequency == 0]
+    return common | {"num_experts": moe.num_experts, "moe_intermediate_size": moe.expert_ffn_size,
+                     "norm_topk_prob": moe.normalize_top_k, "decoder_sparse_step": moe.layer_frequency,
+                     "mlp_only_layers": dense}

@@ -4,12 +4,14 @@ One process, no process group: DCP's reader assembles each full tensor from ever
 (``dcp.load(..., no_dist=True)`` into plain tensors of the stored sizes, model keys only: the optimizer
 state, 2-3x the weights, is never read). The vocabulary tensors are cut back to ``vocab_size`` rows (the
 checkpoint holds the saving layout's padded rows), names are mapped (names.py), GPT-2's Conv1D weights
-transposed and q, k, v fused into ``c_attn``. Written as ``model.safetensors``, or, past
-``max_shard_bytes`` (5 GB, transformers' default), as ``model-0000X-of-0000Y.safetensors`` with
-``model.safetensors.index.json``; plus ``config.json`` (config.py).
+transposed and q, k, v fused into ``c_attn``; an MoE block's 3-D expert weights are cut into the one
+tensor per expert the Hub's Mixtral and Qwen3-MoE folders hold (names.py ``per_expert``). Written as
+``model.safetensors``, or, past ``max_shard_bytes`` (5 GB, transformers' default), as
+``model-0000X-of-0000Y.safetensors`` with ``model.safetensors.index.json``; plus ``config.json`` (config.py).
 
 Memory: one output shard at a time (its tensors and the runtime tensors they are made of), so at most
-about twice ``max_shard_bytes`` whatever the model's size.
+about twice ``max_shard_bytes`` whatever the model's size; an expert stack is read whole (all E experts of
+one matrix of one block: 0.9 GB in bf16 for Mixtral-8x7B) by each output shard holding one of its experts.
 
 The folder appears whole or not at all: everything is written into ``OUT.tmp`` and renamed; an existing
 non-empty ``OUT`` is replaced only when asked (``force``), after the new one is complete.
@@ -66,6 +68,8 @@ def _assemble(parts: list[tuple[str, Source]], tensors: dict[str, torch.Tensor],
     out, expected_start = [], 0
     for name, src in parts:
         t = tensors[name]
+        if src.expert is not None:
+            t = t[src.expert]  # one expert of a stacked MoE weight
         if name in VOCAB_TENSORS:
             t = t[: spec.vocab_size]  # the padded rows of the saving layout are not part of the model
         if src.transposed and t.ndim == 2:
@@ -103,11 +107,11 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, spe
     sizes = {}
     for key, parts in layout.items():
         n = 0
-        for name, _ in parts:
+        for name, src in parts:
             meta = stored.get(f"{GROUP}.{name}")
             if meta is None or not hasattr(meta, "size"):
                 raise SpecError(f"{folder}: holds no tensor {GROUP}.{name}; it is not a checkpoint of this model")
-            shape = list(meta.size)
+            shape = list(meta.size)[1:] if src.expert is not None else list(meta.size)
             if name in VOCAB_TENSORS:
                 shape[0] = min(shape[0], spec.vocab_size)
             n += math.prod(shape) * meta.properties.dtype.itemsize
@@ -120,7 +124,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, spe
         weight_map, written = {}, []
         for i, keys in enumerate(shards):
             file = SINGLE if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            tensors = read_model_tensors(folder, [name for k in keys for name, _ in layout[k]], stored)
+            names = list(dict.fromkeys(name for k in keys for name, _ in layout[k]))  # an expert stack once
+            tensors = read_model_tensors(folder, names, stored)
             out = {k: _assemble(layout[k], tensors, spec) for k in keys}
             save_file(out, str(tmp / file), metadata={"format": "pt"})  # transformers wants format "pt"
             weight_map |= {k: file for k in keys}

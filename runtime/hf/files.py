@@ -23,7 +23,7 @@ from pathlib import Path
 from autoplan.errors import SpecError
 from autoplan.schema import ModelSpec
 from autoplan.schema.hf_config import spec_from_hf_config
-from runtime.hf.names import resolve_key, stored_shapes
+from runtime.hf.names import family, resolve_key, stored_shapes
 
 INDEX, SINGLE, CONFIG = "model.safetensors.index.json", "model.safetensors", "config.json"
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
@@ -124,14 +124,16 @@ def stored_tensors(folder: str | os.PathLike, flag: str = "--init-from") -> dict
 def check_tensors(folder: str | os.PathLike, spec: ModelSpec, seq_len: int | None,
                   flag: str = "--init-from") -> dict[str, str]:
     """Every tensor the runtime's model of ``spec`` reads is in the folder with the right shape and a float
-    dtype; returns our key -> the folder's key (``names.resolve_key``)."""
+    dtype; returns our key -> the folder's key (``names.resolve_key``). An MoE model no family of ours
+    maps (``names.moe_family``) is one line naming ``flag``."""
+    mapped(spec, flag)
     stored = stored_tensors(folder, flag)
     found: dict[str, str] = {}
     for key, shape in stored_shapes(spec, seq_len).items():
         actual = resolve_key(key, stored)
         if actual is None:
             raise SpecError(f"{flag}: {folder}: tensor {key!r} is missing (a {spec.architecture} model of this "
-                            f"shape has it); give a complete folder of the plan's model")
+                            f"shape has it); {_fix_for_missing(key, stored)}")
         got = stored[actual]
         where = f"{flag}: {Path(folder) / got.file}: tensor {actual!r}"
         if got.dtype not in DTYPE_BYTES:
@@ -145,6 +147,16 @@ def check_tensors(folder: str | os.PathLike, spec: ModelSpec, seq_len: int | Non
                             f"{Path(folder) / CONFIG})")
         found[key] = actual
     return found
+
+
+def _fix_for_missing(key: str, stored: dict[str, Stored]) -> str:
+    """The fix for a missing tensor: a complete folder, or, for a folder holding transformers 5's in-memory
+    fused experts (``experts.gate_up_proj``: a state_dict written without ``save_pretrained``, which
+    writes the Hub's one tensor per expert), saving it with ``save_pretrained``."""
+    if ".experts." in key and any(k.endswith("experts.gate_up_proj") for k in stored):
+        return ("the folder holds fused experts (experts.gate_up_proj, transformers 5's in-memory layout); load it "
+                "with transformers and save_pretrained it, which writes one tensor per expert")
+    return "give a complete folder of the plan's model"
 
 
 def _differences(folder_spec: ModelSpec, spec: ModelSpec) -> list[str]:
@@ -192,9 +204,22 @@ def check_init_folder(folder: str | os.PathLike, spec: ModelSpec, seq_len: int,
     return check_tensors(root, spec, seq_len, flag)
 
 
-def check_output(out: str | os.PathLike, force: bool, flag: str = "OUT_DIR", can_force: bool = True) -> None:
+def mapped(spec: ModelSpec, flag: str) -> None:
+    """``names.family``'s refusal of ``spec`` (an MoE model no Hugging Face family of ours computes) as
+    one line naming ``flag``."""
+    try:
+        family(spec)
+    except SpecError as err:
+        raise SpecError(f"{flag}: {err}") from None
+
+
+def check_output(out: str | os.PathLike, force: bool, flag: str = "OUT_DIR", can_force: bool = True,
+                 spec: ModelSpec | None = None) -> None:
     """One line now, rather than after the export, if the folder ``out`` cannot be written: an existing
-    non-empty folder only with ``force`` (``can_force``: the command has a --force)."""
+    non-empty folder only with ``force`` (``can_force``: the command has a --force); with ``spec``, a
+    model no Hugging Face family of ours computes (``--save-hf`` would find out only after training)."""
+    if spec is not None:
+        mapped(spec, flag)
     path = Path(out)
     if str(out) == "":
         raise SpecError(f"{flag}: empty path; give a folder to create")

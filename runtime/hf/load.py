@@ -13,6 +13,12 @@ the parameter's dtype and copied into the local shard.
 Our own reader because torch's ``HuggingFaceStorageReader`` (DCP) maps names one to one: it cannot pad a
 vocabulary to the plan's ``padded_vocab_size``, split GPT-2's fused ``c_attn`` or transpose Conv1D.
 
+An MoE block's expert weights are 3-D parameters [E, ...] whose experts the Hub stores one tensor each
+(names.py ``per_expert``): a rank reads, for each expert index it holds on dim 0 (its expert-parallel
+slice, in its local order), that expert's tensor's box on the other dimensions (all of it, or an
+expert-tensor-parallel shard's rows or columns), and stacks them; the tensors of experts it does not
+hold are never opened.
+
 Padded vocabulary rows (past ``vocab_size``) are zeros, as init.py makes them; a tied head copy on a last
 stage of another pipeline rank reads the embedding (``canonical_name``). Buffers (RoPE tables) are
 derived from the spec (``init_buffers``), not read. With CPU offload FSDP2 keeps the shards on the host:
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,7 +41,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from autoplan.errors import SpecError
 from autoplan.schema import ModelSpec
 from runtime.hf.files import stored_tensors
-from runtime.hf.names import VOCAB_TENSORS, Source, resolve_key, source, stored_box
+from runtime.hf.names import VOCAB_TENSORS, Source, per_expert, resolve_key, source, stored_box
 from runtime.models.init import canonical_name
 
 
@@ -87,6 +94,18 @@ def read_box(handle, src: Source, index: list[torch.Tensor], real_rows: int | No
     return out
 
 
+def read_parameter(tensor: Callable[[str], object], src: Source, index: list[torch.Tensor],
+                   real_rows: int | None) -> torch.Tensor:
+    """The runtime parameter's values at the global ``index`` (``read_box``), ``tensor`` giving a stored
+    tensor's slice handle by key; a stacked MoE weight reads the box of each held expert's own tensor
+    (only those experts' tensors are asked for) and stacks them in the local order."""
+    if not src.experts:
+        return read_box(tensor(src.key), src, index, real_rows)
+    experts = per_expert(src)
+    rows = [read_box(tensor(experts[e].key), experts[e], index[1:], None) for e in index[0].tolist()]
+    return torch.stack(rows) if rows else torch.zeros(tuple(i.numel() for i in index))
+
+
 @torch.no_grad()
 def load_hf_weights(models: list[nn.Module], spec: ModelSpec, folder: str | os.PathLike) -> None:
     """Fill every parameter of ``models`` (this rank's materialised stage models) from the Hugging Face
@@ -109,7 +128,7 @@ def load_hf_weights(models: list[nn.Module], spec: ModelSpec, folder: str | os.P
                 canon = canonical_name(name, spec)
                 src = source(canon, spec)
                 real_rows = spec.vocab_size if canon in VOCAB_TENSORS else None
-                values = read_box(tensor(src.key), src, held_indices(p), real_rows)
+                values = read_parameter(tensor, src, held_indices(p), real_rows)
                 local = p.to_local() if isinstance(p, DTensor) else p.data
                 if tuple(values.shape) != tuple(local.shape):
                     raise RuntimeError(f"{name}: read {tuple(values.shape)} for a local shard of {tuple(local.shape)}")

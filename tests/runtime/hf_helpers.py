@@ -100,3 +100,41 @@ def hf_training_losses(model, plan, steps: int) -> list[float]:
     losses, _ = reference_steps(list(model.parameters()), t, steps, loss_at)
     model.eval()
     return losses
+
+
+# ------------------------------------------------------------------------------ Mixture-of-Experts families
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen3_moe_dense0")
+"""Tiny MoE models of the families runtime/hf maps: Mixtral (every block MoE, weights renormalised),
+Qwen3-MoE as its config class defaults it (norm_topk_prob false: the chosen weights not renormalised) and
+with a leading dense block (mlp_only_layers [0]) and norm_topk_prob true."""
+_MOE_SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=VOCAB, max_position_embeddings=128, num_experts_per_tok=2,
+                  router_aux_loss_coef=0.0)
+"""2 layers, 4 experts, top 2. No auxiliary loss (transformers adds none to its loss unless
+output_router_logits, the runtime adds its own when the coefficient is > 0): training compares equal."""
+
+
+def moe_family_config(name: str):
+    """The config of one of ``MOE_FAMILIES``: 4 experts of width 48, top 2 (Qwen3's head_dim 24 != 64 / 4)."""
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    if name == "mixtral":
+        return MixtralConfig(**_MOE_SIZES, intermediate_size=48, num_local_experts=4)
+    if name in ("qwen3_moe", "qwen3_moe_dense0"):
+        dense0 = name == "qwen3_moe_dense0"
+        return Qwen3MoeConfig(**_MOE_SIZES, intermediate_size=96, moe_intermediate_size=48, num_experts=4,
+                              head_dim=24, norm_topk_prob=dense0, mlp_only_layers=[0] if dense0 else [])
+    raise ValueError(name)
+
+
+def random_hf_moe_model(name: str, seed: int = 0):
+    """One of ``MOE_FAMILIES`` in fp32 with every parameter random (as ``random_hf_model``: norm weights
+    around 1, the router and every expert's matrices drawn, so a swapped gate / up or a wrong expert shows)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(moe_family_config(name), dtype=torch.float32)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in pname and pname.endswith("weight") else 0.0, 0.05)
+    return model.eval()

@@ -1,7 +1,7 @@
 """Mixture-of-Experts models as the runtime builds them (fast, one process): moe-tiny's blocks and parameter
 count against the spec's count, its initial values, what a rank of an expert-parallel plan holds against
 autoplan/cost/local_params.py (the ``autoplan run --dry-run`` comparison), the expert groups against
-ParallelDims' fold, and the one-line refusals of what the runtime does not run (etp > 1, MLA, MTP).
+ParallelDims' fold, and the one-line refusals of what the runtime does not run (MLA, MTP).
 The layouts' training equality to serial is test_moe_layouts.py (slow)."""
 
 from __future__ import annotations
@@ -59,6 +59,10 @@ LAYOUTS = [
     dict(dp=3, ep=1, zero=3),  # uneven chunks: 8 expert rows over 3 ranks, padded to 3
     dict(model="moe-tiny-sigmoid", tp=2, dp=2, ep=2, sp=True, zero=3),  # a shared expert, split over TP
     dict(model="moe-tiny-sigmoid", tp=2, dp=2, ep=2, sp=True, zero=1),
+    dict(tp=2, dp=2, ep=2, etp=2, sp=True, zero=3),  # etp 2: each expert's width halved, edp 1
+    dict(tp=2, dp=2, etp=2, sp=True, zero=2),  # etp without ep: all 8 experts, half their width
+    dict(dp=4, etp=2, zero=3),  # etp over replicas, ZeRO-3 over edp 2
+    dict(tp=4, ep=2, etp=2, sp=True, zero=0),  # replicate over edp 1
 ]
 
 
@@ -103,12 +107,28 @@ def test_expert_mesh_groups_are_the_plans_fold():
         assert edp == plan.dims.expert_group_of(rank, "edp") == ([0, 2] if rank == 0 else [1, 3])
 
 
-def test_etp_is_refused_in_one_line():
+def test_expert_mesh_groups_with_etp_are_the_plans_fold():
+    """etp = tp = 2, ep 2 on 4 ranks: the ETP group is the TP pair, the EP group the two replicas' pairs
+    (etp fastest in the fold), edp 1; and the runtime accepts the plan (no etp refusal any more)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from runtime.mesh import mesh_of_plan
     from runtime.validate import check_runtime_support
 
-    plan = dataclasses.replace(moe_plan(dp=4, ep=2), etp=2)
-    with pytest.raises(SpecError, match=r"^etp: 2: .* set etp: 1$"):
-        check_runtime_support(plan)
+    plan = moe_plan(tp=2, dp=2, ep=2, etp=2, sp=True)
+    check_runtime_support(plan)
+    for rank in (0, 3):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=4)
+        try:
+            pm = mesh_of_plan(plan, torch.device("cpu"))
+            groups = {axis: sorted(dist.get_process_group_ranks(pm.expert_mesh[axis].get_group()))
+                      for axis in ("ep", "etp", "edp")}
+        finally:
+            dist.destroy_process_group()
+        assert groups["etp"] == plan.dims.expert_group_of(rank, "etp") == ([0, 1] if rank == 0 else [2, 3])
+        assert groups["ep"] == plan.dims.expert_group_of(rank, "ep") == ([0, 2] if rank == 0 else [1, 3])
+        assert groups["edp"] == [rank]
 
 
 @pytest.mark.parametrize("model", ["deepseek-v3"])
@@ -130,5 +150,5 @@ def test_moe_in_a_gpt_model_is_refused():
 def test_hugging_face_folders_refuse_moe_models_in_one_line():
     from runtime.hf.names import sources
 
-    with pytest.raises(SpecError, match="^moe-tiny: moe: Hugging Face import and export .* dense models only"):
+    with pytest.raises(SpecError, match="^moe-tiny: moe: Hugging Face import and export .* cover mixtral"):
         sources(load_model("moe-tiny"))
