@@ -147,9 +147,10 @@ def build_parts(plan: Plan, pm: ParallelMesh, meter: MemoryMeter | None = None, 
     check_runtime_support(plan)
     num_stages = plan.num_stages
     stage_ids = local_stage_ids(plan, pm.pp_rank)
-    # loss_parallel keeps logits vocab-sharded into the loss; only where we compute the loss ourselves
-    # (one stage): the pipelining schedule computes it on plain tensors
-    loss_parallel = plan.tp > 1 and num_stages == 1
+    # loss_parallel keeps logits vocab-sharded into the loss under any tp > 1, pipelined too (the last
+    # stage's output goes to no other stage; the schedule's step runs inside the loss_parallel context, as
+    # torchtitan's train step): whole logits on every TP rank would cost tp times the loss's memory
+    loss_parallel = plan.tp > 1
     positions = None
     if plan.cp > 1:
         positions = torch.tensor(shard_positions(plan.training.seq_len, plan.cp, pm.cp_rank), device=pm.device)

@@ -219,7 +219,8 @@ class Evaluator:
         losses: list[torch.Tensor] = []
         args = (x,) if parts.has_first else ()
         kwargs = {"target": y, "losses": losses} if parts.has_last else {}
-        self.pipeline.step(*args, return_outputs=False, **kwargs)
+        with loss_parallel() if parts.loss_parallel else contextlib.nullcontext():
+            self.pipeline.step(*args, return_outputs=False, **kwargs)
         if not losses:
             return torch.zeros(2, dtype=torch.float64, device=self.pm.device)
         return torch.stack(losses).sum(0)

@@ -145,10 +145,12 @@ class Trainer:
         args = (x,) if parts.has_first else ()
         losses: list[torch.Tensor] = []
         kwargs = {"target": y, "losses": losses} if parts.has_last else {}
-        parts.schedule.step(*args, return_outputs=False, **kwargs)  # the losses are all we read: keep no logits
+        with loss_parallel() if parts.loss_parallel else contextlib.nullcontext():
+            parts.schedule.step(*args, return_outputs=False, **kwargs)  # the losses are all we read: keep no logits
         if not parts.has_last:
             return torch.zeros((), device=self.pm.device)
-        return torch.stack([l.detach().float() for l in losses]).mean() / parts.loss_scale.value
+        whole = [l.full_tensor() if isinstance(l, DTensor) else l for l in losses]
+        return torch.stack([l.detach().float() for l in whole]).mean() / parts.loss_scale.value
 
     def _sum_tied_grads(self) -> None:
         """Tied embedding over pp > 1: sum the grads of the stage-0 embedding and the last-stage head copy
