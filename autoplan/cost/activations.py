@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.cost.split import LayerSplit
-from autoplan.schema import ModelSpec, Precision, TrainingSetup
+from autoplan.schema import ModelSpec, Precision, StackProfile, TrainingSetup
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,33 @@ def head_input_saved_bytes(model: ModelSpec, split: LayerSplit, training: Traini
     return e * sbh / split.hidden_shards + e * sbh
 
 
-def logits_transient_bytes(tokens: int, tp: int, e: int, vocab: int) -> float:
-    """Logits and their gradient alive at once while the loss is differentiated (one micro-batch of
-    ``tokens`` tokens, ``vocab`` padded rows split over ``tp``)."""
-    return (4.0 + e) * tokens * vocab / tp
+def logits_transient_bytes(tokens: int, tp: int, e: int, vocab: int, fp32_copies: int) -> float:
+    """The loss's working memory beyond the fp32 log-softmax the head keeps (``head_of_vocabulary``'s saved
+    bytes), one micro-batch of ``tokens`` tokens over ``vocab`` padded rows split over ``tp``. Its peak is
+    the larger of ``fp32_copies`` fp32 logit-sized buffers alive at once (``loss_fp32_copies``: the kept
+    one, the gradients its backward builds beside it) and one fp32 buffer beside the e-byte logits or their
+    gradient (the casts in and out of fp32). Measured on CPU by tests/planner/test_stack_memory_terms.py:
+    torch's cross-entropy 12 bytes a logit (3 copies), under ``loss_parallel`` 16 (4), Megatron's 4 + e (1)."""
+    return loss_transient_bytes_per_logit(e, fp32_copies) * tokens * vocab / tp
+
+
+def loss_transient_bytes_per_logit(e: int, fp32_copies: int) -> float:
+    """``logits_transient_bytes`` per logit on the rank: the loss's peak less the kept fp32 log-softmax."""
+    return max(4.0 * fp32_copies, 4.0 + e) - 4.0
+
+
+def loss_fp32_copies(stack: StackProfile, tp: int) -> int:
+    """The stack's fp32 logit-sized buffers at the loss's peak: vocabulary-parallel under TP (torch's
+    ``loss_parallel``, Megatron's cross-entropy), whole logits otherwise."""
+    return stack.loss_parallel_logit_copies if tp > 1 else stack.loss_logit_copies
+
+
+def repeated_kv_saved_bytes(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> float:
+    """What a block keeps for backward beyond ``block_saved_bytes`` when the stack repeats K and V to every
+    query head before the attention kernel (``StackProfile.attention_repeats_kv``): the kernel keeps the
+    repeated K and V (q wide each) instead of the grouped ones (kv wide), whole sequence, split over TP."""
+    e = elem_bytes(training.activation_precision)
+    return 2.0 * e * split.micro_batch_size * training.seq_len * (model.q_size - model.kv_size) / split.tp
 
 
 def stage_output_bytes(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> float:

@@ -26,6 +26,12 @@ what is modelled here and in cost/analytic_ops.py:
   torch's all-gather trades that for one collective per direction.
 * Merge: torch merges each step's output into the running one by log-sum-exp in eager fp32 kernels
   (``_SDPAMerger``), and accumulates dQ, dK, dV in fp32; ``ring_exchange`` counts those bytes.
+* Grouped-query attention: the ring carries K and V as the attention call receives them. This runtime
+  passes them grouped (kv_heads wide; its kernels expand them per step, runtime/parallel/
+  context_parallel.py); torchtitan 9dec370 repeats them to every query head first (``repeat_kv`` in
+  models/llama/model.py, before ``F.scaled_dot_product_attention``), so its all-gather, gathered buffer,
+  dK/dV ring and merges carry heads / kv_heads times the bytes (``with_repeated_kv``,
+  ``StackProfile.attention_repeats_kv``): 16x at Llama 3.1 405B.
 """
 
 from __future__ import annotations
@@ -64,6 +70,11 @@ class RingExchange:
     merge_bwd_bytes: float
     merge_fwd_kernels: int
     merge_bwd_kernels: int
+    q_elements: float = 0.0
+    """This rank's query (and output) elements: what ``ring_exchange`` was given."""
+    kv_elements: float = 0.0
+    """Its K and V elements together, as the ring carries them."""
+    elem_bytes: int = 2
 
     @property
     def transient_bytes(self) -> float:
@@ -76,13 +87,24 @@ class RingExchange:
 def ring_exchange(cp: int, q_elements: float, kv_elements: float, e: int) -> RingExchange:
     """The ring of one block: ``q_elements`` query (and output) elements on this rank, ``kv_elements``
     K and V elements together, activations of ``e`` bytes."""
-    concat = 2 * e * kv_elements  # torch.cat([k, v]) before each all-gather (read e, write e)
+    # torch.cat([k, v]) for the next send (read e, write e): the loops of both directions concatenate at every
+    # step but the last, though the all-gather rotater sends only the first (``exchange_buffers``)
+    concat = (cp - 1) * 2 * e * kv_elements
     fwd = (cp - 1) * (MERGE_FWD_FP32_BYTES + e) * q_elements + (FP32 + e) * q_elements + concat
     per_step = (MERGE_BWD_Q_FP32_BYTES + e) * q_elements + (MERGE_BWD_KV_FP32_BYTES + e) * kv_elements
     bwd = cp * per_step + (FP32 + e) * (q_elements + kv_elements) + concat  # + the final casts to e
     return RingExchange(cp=cp, kv_bytes=e * kv_elements, grad_kv_bytes=FP32 * kv_elements, merge_fwd_bytes=fwd,
-                        merge_bwd_bytes=bwd, merge_fwd_kernels=(cp - 1) * MERGE_FWD_KERNELS,
-                        merge_bwd_kernels=cp * MERGE_BWD_KERNELS)
+                        merge_bwd_bytes=bwd, merge_fwd_kernels=(cp - 1) * (MERGE_FWD_KERNELS + 1),
+                        merge_bwd_kernels=cp * MERGE_BWD_KERNELS + cp - 1, q_elements=q_elements,
+                        kv_elements=kv_elements, elem_bytes=e)
+
+
+def with_repeated_kv(ring: RingExchange, repeats: int) -> RingExchange:
+    """The same ring carrying K and V repeated ``repeats`` times (every query head's copy: module doc): the
+    all-gather, the gathered buffer, the dK/dV ring and the K/V merges all scale with the K/V width."""
+    if repeats == 1:
+        return ring
+    return ring_exchange(ring.cp, ring.q_elements, ring.kv_elements * repeats, ring.elem_bytes)
 
 
 def permute_time_s(size_bytes: float, link: GroupLink) -> float:

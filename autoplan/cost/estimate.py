@@ -7,7 +7,7 @@ import dataclasses
 
 from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, path_of, table_shapes
 from autoplan.cost.local_params import local_params_per_rank
-from autoplan.cost.stage_table import Config, StageTable, rank_state_bytes
+from autoplan.cost.stage_table import Config, StageTable, rank_state_bytes, whole_grad_bytes
 from autoplan.cost.tables import build_table
 from autoplan.cost.workload import LayerCost, LayerSplit, Workload, WorkloadFn, with_exposed_exchange
 from autoplan.schema import (
@@ -195,7 +195,9 @@ def _optimizer_s(t: StageTable, shapes: tuple[StageShape, ...], rank: int) -> fl
 def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes: tuple[StageShape, ...],
                      ev: Evaluation, rank: int, cluster: Cluster) -> MemoryBreakdown:
     """The rank's memory by kind; ``shapes`` as a plan counts them. A MoE model's routed-expert states (sharded
-    over edp) are ``expert_states_gib``, the other parameters' the weights, gradients and optimizer rows."""
+    over edp) are ``expert_states_gib``, the other parameters' the weights, gradients and optimizer rows. The
+    gradients include the whole gradients of the stages that hold them at the rank's peak (stage_table.py
+    ``whole_grads``; evaluate.RankMemory), the experts' among the expert states."""
     c = t.config
     stages = t.stages_of(rank)
     held = [(cost, count) for s in stages for cost, count in stage_layers(w, t, s, shapes[s].layers)]
@@ -207,11 +209,18 @@ def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes
     per_expert = rank_state_bytes(training, c, w.stack, expert=True).total
     params -= experts
     mem = ev.memory[rank]
+    live = [(cost, count) for s in mem.whole_grad_stages for cost, count in stage_layers(w, t, s, shapes[s].layers)]
+    whole_params = sum(count * cost.params for cost, count in live)
+    if t.num_stages - 1 in mem.whole_grad_stages and c.pp > 1:
+        whole_params += w.tied_copy_params
+    whole_experts = sum(count * cost.expert_params for cost, count in live)
+    per_whole = whole_grad_bytes(training, c, w.stack)
     return MemoryBreakdown(
-        weights_gib=params * per_param.weights / GIB, gradients_gib=params * per_param.gradients / GIB,
+        weights_gib=params * per_param.weights / GIB,
+        gradients_gib=(params * per_param.gradients + (whole_params - whole_experts) * per_whole) / GIB,
         optimizer_gib=params * per_param.optimizer / GIB, activations_gib=mem.activations_bytes / GIB,
         buffers_gib=mem.fixed_bytes / GIB, reserve_gib=mem.reserve_bytes / GIB, total_gib=mem.total_bytes / GIB,
         runtime_gib=mem.baseline_bytes / GIB,
         reserved_gib=min(mem.total_bytes * (1 + w.stack.allocator_cache) / GIB, cluster.device.memory_gib),
-        expert_states_gib=experts * per_expert / GIB,
+        expert_states_gib=(experts * per_expert + whole_experts * per_whole) / GIB,
     )

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoplan.cost.simulate import Timeline, critical_path, inflight_peaks, simulate
+from autoplan.cost.simulate import MemoryPeak, Timeline, critical_path, memory_peaks, simulate
 from autoplan.cost.stage_table import PERMILLE, StageTable
 from autoplan.cost.stage_terms import (
     Var, rank_after_sync, rank_before_sync, rank_fixed_dynamic, rank_states, rank_sync, stage_activations, stage_bwd,
-    stage_fwd, stage_wgt,
+    stage_fwd, stage_wgt, stage_whole_grads,
 )
 
 
@@ -41,10 +41,15 @@ class RankMemory:
     reserve_bytes: float
     baseline_bytes: int = 0
     """The training process's own memory besides tensors (a CPU rank's heap baseline)."""
+    whole_grads_bytes: int = 0
+    """At the rank's peak: the whole gradients of the stages that hold them then (stage_table.whole_grads;
+    ``whole_grad_stages``). Like the model states, no allocator reserve on them."""
+    whole_grad_stages: tuple[int, ...] = ()
 
     @property
     def total_bytes(self) -> float:
-        return self.states_bytes + self.activations_bytes + self.fixed_bytes + self.reserve_bytes + self.baseline_bytes
+        return (self.states_bytes + self.whole_grads_bytes + self.activations_bytes + self.fixed_bytes
+                + self.reserve_bytes + self.baseline_bytes)
 
 
 @dataclass(frozen=True)
@@ -105,20 +110,31 @@ def recompute_transient(t: StageTable, shapes: tuple[StageShape, ...], rank: int
         (t.block_act_bytes - t.block_act_selective_bytes if selective else 0)
 
 
-def rank_memory(t: StageTable, shapes: tuple[StageShape, ...], rank: int,
-                peaks: list[dict[int, int]]) -> RankMemory:
+def rank_memory(t: StageTable, shapes: tuple[StageShape, ...], rank: int, peaks: list[MemoryPeak]) -> RankMemory:
+    """The rank's memory at the largest of its candidate peaks (simulate.memory_peaks): at each, the
+    activations of the micro-batches in flight (with the allocator's reserve) and the whole gradients live
+    then (without); the one with the largest total is the peak."""
     values = shape_values(shapes)
-    per_stage = {s: stage_activations(t, s).value(values) for s in t.stages_of(rank)}
-    acts = max((sum(c * per_stage[s] for s, c in vec.items()) for vec in peaks), default=0)
+    stages = t.stages_of(rank)
+    per_stage = {s: stage_activations(t, s).value(values) for s in stages}
+    grads = {s: stage_whole_grads(t, s).value(values) for s in stages}
+    scale = PERMILLE + t.reserve_permille
+    best, acts, whole, live = None, 0, 0, ()
+    for peak in peaks:
+        a = sum(c * per_stage[s] for s, c in peak.counts.items())
+        g = sum(grads[s] for s in peak.whole_grads)
+        if best is None or PERMILLE * g + scale * a > best:
+            best, acts, whole = PERMILLE * g + scale * a, a, g
+            live = tuple(sorted(s for s in peak.whole_grads if grads[s]))
     acts += recompute_transient(t, shapes, rank)
     fixed = rank_fixed_dynamic(t, rank)
     return RankMemory(rank_states(t, rank).value(values), acts, fixed, (acts + fixed) * t.reserve_permille / PERMILLE,
-                      t.baseline_bytes)
+                      t.baseline_bytes, whole, live)
 
 
 def fits_in(t: StageTable, memory: RankMemory) -> bool:
     dynamic = memory.activations_bytes + memory.fixed_bytes
-    fixed = memory.states_bytes + memory.baseline_bytes
+    fixed = memory.states_bytes + memory.whole_grads_bytes + memory.baseline_bytes
     return PERMILLE * fixed + (PERMILLE + t.reserve_permille) * dynamic <= PERMILLE * t.capacity_bytes
 
 
@@ -131,7 +147,7 @@ def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:
     wgt = [stage_wgt(t, s).value(values) for s in range(t.num_stages)] if t.split_backward else [0] * t.num_stages
     timeline = simulate(t.orders, [float(x) for x in fwd], [float(x) for x in bwd], [float(x) for x in t.p2p_ns],
                         float(t.late_receive_ns), [float(x) for x in wgt])
-    peaks = inflight_peaks(t.orders)
+    peaks = memory_peaks(t.orders)
     ends, exposed, tails, before, after, memory = {}, {}, {}, {}, {}, {}
     for rank in t.orders:
         ends[rank] = int(timeline.rank_end[rank])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from autoplan.schema.schedule import RankOrders
-from autoplan.cost.simulate import compiled, inflight_peaks, rank_ends
+from autoplan.cost.simulate import compiled, inflight_peaks, memory_peaks, rank_ends
 from autoplan.cost.stage_table import PERMILLE, StageTable
 
 
@@ -26,6 +26,12 @@ class RankTerms:
     stages: tuple[int, ...]
     peaks: tuple[tuple[int, ...], ...]
     """Per memory peak, the micro-batches in flight on each of ``stages`` (same order)."""
+    peak_grads: tuple[tuple[int, ...], ...]
+    """Per memory peak, 1 for each of ``stages`` whose whole gradients are live there, else 0
+    (simulate.memory_peaks; they weigh only where the table has whole gradients)."""
+    grad_const: tuple[int, ...]
+    """Whole gradients of the embedding (and leading dense blocks) / head on each of ``stages``; blocks add
+    ``block_grad_bytes`` per layer."""
     state_const: int
     """Embedding and head states on this rank and the process baseline (bytes); blocks add
     ``block_state_bytes`` per layer."""
@@ -76,16 +82,23 @@ class LayoutTerms:
         self.capacity_scaled = PERMILLE * t.capacity_bytes
         self.p2p = list(t.p2p_ns)
         self.late_receive = t.late_receive_ns
-        shapes = _schedule_shapes(t.orders, tuple(tuple(t.stages_of(r)) for r in range(t.config.pp)))
+        # without whole gradients the activation peaks alone (fewer vectors, the same maximum: every candidate
+        # after a backward holds no more micro-batches than the forward before it)
+        self.whole_grads = any((t.block_grad_bytes, t.embedding_grad_bytes, t.head_grad_bytes, t.dense_grad_bytes))
+        stages_by_rank = tuple(tuple(t.stages_of(r)) for r in range(t.config.pp))
+        shapes = _schedule_shapes(t.orders, stages_by_rank, self.whole_grads)
         reduces = t.reduces  # some gradient is reduced over ranks (dp x cp, or the experts' edp)
         gather_latency = t.gather_latency_ns if reduces and t.config.zero_stage in (1, 2) else 0
         self.memo: dict = {}
         """Per-rank answers that splits of this configuration share (the search's recompute bounds)."""
         self.ranks: list[RankTerms] = []
-        for r, (stages, peaks, first_stage, last_stage, last_input_stage) in enumerate(shapes):
+        self.block_grad = t.block_grad_bytes
+        for r, (stages, peaks, peak_grads, first_stage, last_stage, last_input_stage) in enumerate(shapes):
             first, has_last = 0 in stages, last in stages
             self.ranks.append(RankTerms(
-                rank=r, stages=stages, peaks=peaks,
+                rank=r, stages=stages, peaks=peaks, peak_grads=peak_grads,
+                grad_const=tuple((t.embedding_grad_bytes + t.dense_grad_bytes if s == 0 else 0)
+                                 + (t.head_grad_bytes if s == last else 0) for s in stages),
                 state_const=(t.embedding_state_bytes + t.dense_state_bytes if first else 0)
                 + (t.head_state_bytes if has_last else 0) + t.baseline_bytes,
                 act_const=tuple((t.embedding_act_bytes + t.dense_act_bytes if s == 0 else 0)
@@ -116,9 +129,26 @@ class LayoutTerms:
         states = rank.state_const + self.table.block_state_bytes * sum(n)
         per_stage = [k * self.act - a * self.d_sel - b * self.d_full + c
                      for k, a, b, c in zip(n, sel, full, rank.act_const)]
-        acts = max((sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks), default=0)
-        acts += self.transient(any(sel), any(full))
-        return PERMILLE * states + (PERMILLE + self.table.reserve_permille) * (acts + rank.fixed) - self.capacity_scaled
+        scale = PERMILLE + self.table.reserve_permille
+        if self.whole_grads:
+            peak = max(self.peak_values(rank, n, per_stage, scale), default=0)
+        else:
+            peak = scale * max((sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks), default=0)
+        return (PERMILLE * states + peak + scale * (self.transient(any(sel), any(full)) + rank.fixed)
+                - self.capacity_scaled)
+
+    def stage_grads(self, rank: RankTerms, n: Sequence[int]) -> list[int]:
+        """Whole-gradient bytes of each of the rank's stages with ``n`` layers (0 without whole gradients)."""
+        return [k * self.block_grad + c for k, c in zip(n, rank.grad_const)]
+
+    def peak_values(self, rank: RankTerms, n: Sequence[int], per_stage: Sequence[int], scale: int) -> list[int]:
+        """Per memory peak, PERMILLE x its whole gradients + ``scale`` x its activations (``per_stage``: one
+        micro-batch's activations per stage): the part of ``excess`` that differs between peaks."""
+        if not self.whole_grads:
+            return [scale * sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks]
+        grads = self.stage_grads(rank, n)
+        return [PERMILLE * sum(g for g, on in zip(grads, live) if on)
+                + scale * sum(c * x for c, x in zip(vec, per_stage)) for vec, live in zip(rank.peaks, rank.peak_grads)]
 
     def fits(self, rank: RankTerms, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> bool:
         return self.excess(rank, n, sel, full) <= 0
@@ -165,22 +195,34 @@ class LayoutTerms:
         return sync + after_max, critical
 
 
-_SHAPES: dict[int, tuple[RankOrders, list]] = {}
+_SHAPES: dict[tuple[int, bool], tuple[RankOrders, list]] = {}
 
 
-def _schedule_shapes(orders: RankOrders, stages_by_rank: tuple[tuple[int, ...], ...]) -> list:
-    """Per rank: its stages, its memory peaks as counts per stage, the stages of its first and last
-    action. Depends on the action lists only, so configurations sharing a schedule share it."""
-    cached = _SHAPES.get(id(orders))
+def _schedule_shapes(orders: RankOrders, stages_by_rank: tuple[tuple[int, ...], ...],
+                     whole_grads: bool) -> list:
+    """Per rank: its stages, its memory peaks as counts per stage and whole-gradient flags per stage (with
+    ``whole_grads``, memory_peaks; otherwise the activation peaks, inflight_peaks, and no flags), the stages
+    of its first and last action. Depends on the action lists only, so configurations sharing a schedule
+    share it."""
+    key = (id(orders), whole_grads)
+    cached = _SHAPES.get(key)
     if cached is not None and cached[0] is orders:
         return cached[1]
-    peaks = inflight_peaks(orders)
     shapes = []
+    if whole_grads:
+        peaks = memory_peaks(orders)
+        counts = [[p.counts for p in peaks[r]] for r in range(len(stages_by_rank))]
+        flags = [[p.whole_grads for p in peaks[r]] for r in range(len(stages_by_rank))]
+    else:
+        acts = inflight_peaks(orders)
+        counts = [acts[r] for r in range(len(stages_by_rank))]
+        flags = [[frozenset()] * len(acts[r]) for r in range(len(stages_by_rank))]
     for r, stages in enumerate(stages_by_rank):
         last_input = next(a.stage for a in reversed(orders[r]) if a.kind in "BI")
-        shapes.append((stages, tuple(tuple(vec.get(s, 0) for s in stages) for vec in peaks[r]),
+        shapes.append((stages, tuple(tuple(vec.get(s, 0) for s in stages) for vec in counts[r]),
+                       tuple(tuple(int(s in live) for s in stages) for live in flags[r]),
                        orders[r][0].stage, orders[r][-1].stage, last_input))
     if len(_SHAPES) > 4096:
         _SHAPES.clear()
-    _SHAPES[id(orders)] = (orders, shapes)
+    _SHAPES[key] = (orders, shapes)
     return shapes

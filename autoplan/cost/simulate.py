@@ -307,3 +307,68 @@ def inflight_peaks(orders: RankOrders) -> dict[int, list[dict[int, int]]]:
         _PEAKS.clear()
     _PEAKS[id(orders)] = (orders, peaks)
     return peaks
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """One candidate peak of a rank's memory: the micro-batches each stage holds (``counts``, stages
+    holding none left out) and the stages whose whole gradients are live (``whole_grads``)."""
+
+    counts: dict[int, int]
+    whole_grads: frozenset[int]
+
+
+_MEMORY_PEAKS: dict[int, tuple[RankOrders, dict]] = {}
+
+
+def memory_peaks(orders: RankOrders) -> dict[int, list[MemoryPeak]]:
+    """Per rank, its candidate memory peaks as events over its action list: the activations ``inflight_peaks``
+    counts and which of its stages hold their gradients whole.
+
+    On a stack that accumulates a stage's gradients whole until one reduction (torch's schedule runtime with
+    FSDP2 at ZeRO 2/3, stage_table.whole_grads) they appear with the stage's first gradient-creating backward
+    (a full backward ``B``, or of a split one the weight backward ``W``: the input backward ``I`` computes
+    input gradients only, torch/distributed/pipelining/stage.py stage_backward_input) and are freed by the
+    reduce-scatter right after its last one (schedules.py ``_add_reduce_grad`` places ``REDUCE_GRAD`` after
+    a stage's m-th ``B``/``W``; ``perform_reduce_grad`` runs FSDP2's post_backward, which reduces and frees
+    the unsharded gradients). Candidate points: after every forward followed by another kind of action (or
+    ending the list), where activations peak, and right after each stage's first gradient-creating backward,
+    where its gradients appear while activations drop by one micro-batch only. The order on a rank is fixed,
+    so these do not depend on durations; a candidate another one dominates (no fewer micro-batches on any
+    stage, no fewer live gradients) is dropped, every term being non-negative."""
+    cached = _MEMORY_PEAKS.get(id(orders))
+    if cached is not None and cached[0] is orders:
+        return cached[1]
+    peaks: dict[int, list[MemoryPeak]] = {}
+    for rank, actions in orders.items():
+        stages = sorted({a.stage for a in actions})
+        slot = {st: i for i, st in enumerate(stages)}
+        creating = [0] * len(stages)  # gradient-creating backwards per stage, to know each one's last
+        for a in actions:
+            if a.kind in "BW":
+                creating[slot[a.stage]] += 1
+        live, grads, seen = [0] * len(stages), [0] * len(stages), [0] * len(stages)
+        found: set[tuple[int, ...]] = set()
+        for i, a in enumerate(actions):
+            k = slot[a.stage]
+            live[k] += 1 if a.kind == "F" else -1 if a.kind in "BW" else 0
+            if a.kind == "F" and (i + 1 == len(actions) or actions[i + 1].kind != "F"):
+                found.add(tuple(live) + tuple(grads))
+            if a.kind in "BW":
+                seen[k] += 1
+                if seen[k] == 1:
+                    grads[k] = 1
+                    found.add(tuple(live) + tuple(grads))
+                if seen[k] == creating[k]:
+                    grads[k] = 0  # REDUCE_GRAD: reduce-scattered and freed
+        n = len(stages)
+        kept: list[tuple[int, ...]] = []
+        for vec in sorted(found, key=lambda v: (-sum(v), v)):  # a dominating vector has a larger sum
+            if not any(all(x >= y for x, y in zip(w, vec)) for w in kept):
+                kept.append(vec)
+        peaks[rank] = [MemoryPeak({st: c for st, c in zip(stages, vec[:n]) if c},
+                                  frozenset(st for st, g in zip(stages, vec[n:]) if g)) for vec in kept]
+    if len(_MEMORY_PEAKS) > 4096:
+        _MEMORY_PEAKS.clear()
+    _MEMORY_PEAKS[id(orders)] = (orders, peaks)
+    return peaks

@@ -13,7 +13,10 @@ so that the fragmentation reserve (the stack's ``allocator_reserve``) stays in i
 What the stack decides here (schema/stack.py): the dtypes ZeRO gathers parameters and reduces gradients
 in; under pipelining, whether a stage's gradients accumulate whole with one reduce-scatter after its last
 backward (torch's schedule runtime), which nothing overlaps, and whether its ZeRO-3 parameters stay
-gathered for the step; the optimizer's extra passes; the allocator's reserve.
+gathered for the step; the optimizer's extra passes; the allocator's reserve. Whole gradients live only
+from the stage's first gradient-creating backward to its last, so they are per-stage terms
+(``*_grad_bytes``) counted at the memory peaks where they are live (simulate.memory_peaks), not model
+states.
 
 ``device_table`` fills the table for devices that compute on their own (GPUs): collectives on the links
 of their groups (``ParallelDims.span``, cost/comm.py), the gradient reduction overlapping the backward,
@@ -105,7 +108,7 @@ class StageTable:
     """Transfer time between stage s and s+1, per micro-batch and direction."""
     late_receive_ns: int
     """The least time from posting a pipeline receive to its completion (simulate.py; 0 on GPUs)."""
-    # device bytes of weights + gradients + optimizer state
+    # device bytes of weights + gradients + optimizer state, always held (whole gradients apart: below)
     block_state_bytes: int
     embedding_state_bytes: int
     head_state_bytes: int
@@ -166,6 +169,14 @@ class StageTable:
     dense_optim_ns: int = 0
     expert_edp: int = 1
     """The experts' data-parallel size when the model has expert parameters (ParallelDims.edp), else 1."""
+    block_grad_bytes: int = 0
+    """Where ``whole_grads`` holds, a block's gradients accumulated whole (unsharded, in the reduction's dtype),
+    live on a rank only from its stage's first gradient-creating backward to its last (simulate.memory_peaks);
+    0 elsewhere. The embedding's (with stage 0's leading dense blocks' in ``dense_grad_bytes``) and the head's
+    likewise."""
+    embedding_grad_bytes: int = 0
+    head_grad_bytes: int = 0
+    dense_grad_bytes: int = 0
 
     @property
     def num_stages(self) -> int:
@@ -302,14 +313,22 @@ def memory_bound_step_s(cluster: Cluster, training: TrainingSetup, stack: StackP
 
 def rank_state_bytes(training: TrainingSetup, config: Config, stack: StackProfile,
                      expert: bool = False) -> StateBytes:
-    """Bytes per parameter a rank holds for its stages: ZeRO's shares (model_states.py) over dp x cp, or for
-    routed-expert parameters (``expert``) over the experts' edp (module doc), and under pipelining on a stack
-    that keeps them whole, the gathered parameters and the whole gradients."""
+    """Bytes per parameter a rank holds for its stages for the whole step: ZeRO's shares (model_states.py)
+    over dp x cp, or for routed-expert parameters (``expert``) over the experts' edp (module doc), and under
+    pipelining on a stack that keeps them gathered, the gathered parameters. Whole gradients, which live for
+    part of the step only, are ``whole_grad_bytes``."""
     shards = config.dims.edp if expert else config.dp_cp
     states = state_bytes_per_param(training, config.zero_stage, shards, config.offload_optimizer)
     weights = states.weights + (gather_bytes(training, stack) if gathered_stage(config, stack) else 0)
-    grads = states.gradients + (reduce_bytes(training, stack) if whole_grads(config, stack) else 0)
-    return StateBytes(weights=weights, gradients=grads, optimizer=states.optimizer)
+    return StateBytes(weights=weights, gradients=states.gradients, optimizer=states.optimizer)
+
+
+def whole_grad_bytes(training: TrainingSetup, config: Config, stack: StackProfile) -> int:
+    """Bytes per parameter (expert or not: FSDP2 accumulates every unsharded gradient whole) of a stage's whole
+    gradients where ``whole_grads`` holds (torch's FSDP2: with gradient sync off, _fsdp_param.py
+    to_accumulated_grad_if_needed / accumulate_unsharded_grad_if_needed keep the unsharded gradient, in
+    the reduce dtype, until post_backward reduce-scatters and frees it), else 0."""
+    return reduce_bytes(training, stack) if whole_grads(config, stack) else 0
 
 
 def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, config: Config,
@@ -322,6 +341,7 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
     # routed experts' over their own edp ranks (module doc)
     per_param = rank_state_bytes(training, c, stack).total
     per_expert_param = rank_state_bytes(training, c, stack, expert=True).total
+    per_whole_grad = whole_grad_bytes(training, c, stack)
     dp_link = group_link(cluster, dims.span("dp_cp"))
     edp_link = group_link(cluster, dims.expert_span("edp"))
     gb, rb = gather_bytes(training, stack), reduce_bytes(training, stack)
@@ -361,6 +381,9 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         dense = params - experts
         return int(math.ceil(dense * per_param + experts * per_expert_param if experts else dense * per_param))
 
+    def whole(params: float) -> int:
+        return int(math.ceil(params * per_whole_grad))
+
     last_params = head_params(workload, c)
     head_experts = workload.head.expert_params
     emb_params, emb_experts = workload.embedding.params, workload.embedding.expert_params
@@ -396,7 +419,8 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         dense = dict(dense_layers=k, dense_full=dense_full,
                      dense=LayerTimes(k * one.fwd_ns, k * (one.bwd_ns + extra), k * (one.wgt_ns + extra_weight)),
                      dense_transient_bytes=transient,
-                     dense_state_bytes=k * state(d.params, de), dense_act_bytes=k * saved,
+                     dense_state_bytes=k * state(d.params, de), dense_grad_bytes=k * whole(d.params),
+                     dense_act_bytes=k * saved,
                      dense_sync_ns=k * sync_ns(d.params, de), dense_gather_ns=k * gather_ns(d.params, de),
                      dense_optim_ns=k * optim_ns(d.params, de))
     return StageTable(
@@ -407,6 +431,8 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         embedding=times(workload.embedding), head=times(workload.head), p2p_ns=p2p, late_receive_ns=0,
         block_state_bytes=state(block.params, be), embedding_state_bytes=state(emb_params, emb_experts),
         head_state_bytes=state(last_params, head_experts),
+        block_grad_bytes=whole(block.params), embedding_grad_bytes=whole(emb_params),
+        head_grad_bytes=whole(last_params),
         block_act_bytes=int(math.ceil(block.saved_bytes)),
         block_act_selective_bytes=int(math.ceil(block.selective_saved_bytes)),
         block_act_full_bytes=int(math.ceil(block.full_saved_bytes)),

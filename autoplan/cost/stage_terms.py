@@ -83,8 +83,18 @@ def _per_rank(t: StageTable, rank: int, block: int, embedding: int, head: int) -
 
 @_per_table
 def rank_states(t: StageTable, rank: int) -> Linear:
-    """Weights, gradients and optimizer state on the rank (bytes)."""
+    """Weights, gradients and optimizer state the rank holds for the whole step (bytes); its stages' whole
+    gradients, live for part of it, are ``stage_whole_grads``."""
     return _per_rank(t, rank, t.block_state_bytes, t.embedding_state_bytes + t.dense_state_bytes, t.head_state_bytes)
+
+
+@_per_table
+def stage_whole_grads(t: StageTable, s: int) -> Linear:
+    """Bytes of stage s's gradients accumulated whole (0 unless the table's stack keeps them whole,
+    stage_table.whole_grads): held only at the memory peaks where they are live (simulate.memory_peaks)."""
+    const = (t.embedding_grad_bytes + t.dense_grad_bytes if s == 0 else 0) \
+        + (t.head_grad_bytes if s == t.num_stages - 1 else 0)
+    return Linear({("n", s): t.block_grad_bytes}, const)
 
 
 @_per_table

@@ -39,7 +39,8 @@ class Workload:
     output_bytes: float
     """Activation bytes a stage sends to the next, per micro-batch."""
     logits_transient_bytes: float
-    """Peak working memory of the loss on the last stage (logits and their gradient)."""
+    """Peak working memory of the loss on the last stage beyond the log-softmax the head keeps: the fp32 logit
+    copies the stack's loss holds at once (activations.py ``logits_transient_bytes``)."""
     ring_transient_bytes: float = 0.0
     """Working memory of one block's ring attention (cost/context_parallel.py), on every rank; 0 without cp."""
     dense_layers: int = 0

@@ -166,9 +166,14 @@ def _pipeline_ns(work: int, block: int, m: int, p: int, v: int, min_layers: int,
 
 def states_fit(t: StageTable) -> bool:
     """The busiest rank holds at least the average of the model states (and the process baseline); if that
-    alone exceeds capacity, no layout fits."""
+    alone exceeds capacity, no layout fits. Where a stage's gradients accumulate whole (stage_table.whole_grads)
+    a rank holds, at the peak after its stage's first gradient-creating backward (simulate.memory_peaks), that
+    stage's whole gradients too: at least its stages' share over its ``num_stages / pp`` stages, so the busiest
+    rank holds at least the average of states + whole gradients / (stages per rank)."""
     total = t.num_layers * t.block_state_bytes + t.embedding_state_bytes + t.head_state_bytes + t.dense_state_bytes
-    return total / t.config.pp + t.baseline_bytes <= t.capacity_bytes
+    grads = t.num_layers * t.block_grad_bytes + t.embedding_grad_bytes + t.head_grad_bytes + t.dense_grad_bytes
+    per_rank = t.num_stages // t.config.pp
+    return (total + grads / per_rank) / t.config.pp + t.baseline_bytes <= t.capacity_bytes
 
 
 def busiest_rank_ns(t: StageTable, low: Sequence[int], recompute: Sequence[int] | None = None) -> int:
@@ -234,6 +239,10 @@ def _rank_floor(t: StageTable, low: Sequence[int], r: int, segments: list[tuple[
         fixed += t.dense_transient_bytes
     scale = PERMILLE + t.reserve_permille
     room = PERMILLE * (t.capacity_bytes - t.baseline_bytes - states)  # for scale x (activations + fixed)
+    # right after a stage's first gradient-creating backward its whole gradients are live (memory_peaks), beside
+    # the working memory every peak counts; recomputation cannot shrink them
+    if any(PERMILLE * _stage_grad_bytes(t, s, low[s]) + scale * fixed > room for s in stages):
+        return None
     kept = {s: low[s] * t.block_act_bytes + (t.embedding_act_bytes + t.dense_act_bytes if s == 0 else 0)
             + (t.head_act_bytes if s == last else 0) for s in stages}
     constraints = [(least_inflight(c.schedule, c.pp, c.virtual_stages, m, r), stages)]
@@ -255,6 +264,12 @@ def _rank_floor(t: StageTable, low: Sequence[int], r: int, segments: list[tuple[
             return None
         floor = max(floor, cost)
     return int(floor * (1 - 1e-9))
+
+
+def _stage_grad_bytes(t: StageTable, s: int, layers: int) -> int:
+    """Whole-gradient bytes of stage ``s`` holding ``layers`` of the table's blocks (0 without whole gradients)."""
+    return (layers * t.block_grad_bytes + (t.embedding_grad_bytes + t.dense_grad_bytes if s == 0 else 0)
+            + (t.head_grad_bytes if s == t.num_stages - 1 else 0))
 
 
 def _saving_cost(need: float, layers: int, segments: list[tuple[float, int]]) -> float:

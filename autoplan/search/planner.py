@@ -115,6 +115,7 @@ class _ConfigState:
 _GROUP, _GROUP_BOUNDED, _CONFIG, _CONFIG_SIMULATED, _SPLITS, _SPLIT, _SPLIT_SIMULATED, _LAYOUT = range(8)
 
 RELAXED_MEMORY = ("block_state_bytes", "embedding_state_bytes", "head_state_bytes", "dense_state_bytes",
+                  "block_grad_bytes", "embedding_grad_bytes", "head_grad_bytes", "dense_grad_bytes",
                   "zero3_buffer_bytes", "dense_act_bytes", "dense_transient_bytes")
 """What a group's relaxed table takes as the least over its ZeRO stages and offload (``_Run.group_floor_ns``)."""
 RELAXED_TAILS = ("gather_block_ns", "gather_embedding_ns", "gather_head_ns", "dense_gather_ns", "optim_block_ns",

@@ -8,7 +8,8 @@ own added backward time, which is the search space's rule (search/space.py).
 
 Per rank this is a small integer program: choose (selective, full) counts per stage, minimise
 sum(selective) x selective_extra + sum(full) x full_extra, subject to one linear memory constraint per
-peak of the rank (inflight_peaks). Solved exactly by
+peak of the rank (simulate.memory_peaks: its activations, and the whole gradients live there, which
+recomputation does not change). Solved exactly by
 
 * a closed form for one stage per rank: for each count of fully recomputed layers, the fewest selective
   ones that fit follow from the (integer) constraint by one ceiling division;
@@ -125,20 +126,20 @@ def _enumerate(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...]) -> Choic
 def _single_stage(terms: LayoutTerms, rank: RankTerms, n: int) -> Choice | None:
     """One stage: for each count of fully recomputed layers, the fewest selective ones that fit.
 
-    With c micro-batches in flight at the peak, the constraint reads
+    At a peak with c micro-batches in flight, the constraint reads
     base(full) + (P + R) x (d_sel - c x sel x d_sel) <= 0 for sel >= 1 (base: everything but selective
-    recomputation, P + R the scaled reserve), so sel = ceil((base + (P + R) d_sel) / ((P + R) c d_sel)).
+    recomputation at that peak, its whole gradients included, P + R the scaled reserve), so
+    sel >= ceil((base + (P + R) d_sel) / ((P + R) c d_sel)); the fewest is the largest over the peaks.
     Every candidate is checked with the exact memory model before it counts.
     """
-    counts = [vec[0] for vec in rank.peaks]
-    c = max(counts, default=0)
     scale = PERMILLE + terms.table.reserve_permille
     best: tuple[int, tuple[int, int]] | None = None
     for full in range(n + 1):
         candidates = [0]
-        if c > 0 and terms.d_sel > 0:
-            base = terms.excess(rank, (n,), (0,), (full,)) + scale * terms.d_sel  # with the selective transient
-            candidates.append(max(1, -(-base // (scale * c * terms.d_sel))))
+        if terms.d_sel > 0 and any(vec[0] for vec in rank.peaks):
+            fewest = _fewest_selective(terms, rank, n, full, scale)
+            if fewest is not None:
+                candidates.append(fewest)
         for sel in candidates:
             if sel > n - full or not terms.fits(rank, (n,), (sel,), (full,)):
                 continue
@@ -147,6 +148,24 @@ def _single_stage(terms: LayoutTerms, rank: RankTerms, n: int) -> Choice | None:
                 best = (cost, (sel, full))
             break
     return (best[1],) if best is not None else None
+
+
+def _fewest_selective(terms: LayoutTerms, rank: RankTerms, n: int, full: int, scale: int) -> int | None:
+    """``_single_stage``'s least selective count (at least 1) that every peak allows with ``full`` fully
+    recomputed layers of the rank's one stage; None when a peak without micro-batches in flight overflows
+    (no selective recomputation helps it)."""
+    per_stage = [n * terms.act - full * terms.d_full + rank.act_const[0]]
+    rest = (PERMILLE * (rank.state_const + terms.table.block_state_bytes * n) - terms.capacity_scaled
+            + scale * (terms.transient(True, full > 0) + rank.fixed))  # the selective transient counted
+    fewest = 1
+    for (c,), value in zip(rank.peaks, terms.peak_values(rank, (n,), per_stage, scale)):
+        base = rest + value
+        if base <= 0:
+            continue
+        if c == 0:
+            return None
+        fewest = max(fewest, -(-base // (scale * c * terms.d_sel)))
+    return fewest
 
 
 def _cpsat(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...]) -> Choice | None:
@@ -165,10 +184,12 @@ def _cpsat(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...]) -> Choice | 
     states = rank.state_const + t.block_state_bytes * sum(n)
     transient = terms.d_full * has_full + terms.d_sel * has_sel
     scale = PERMILLE + t.reserve_permille
-    for vec in rank.peaks:
+    grads = terms.stage_grads(rank, n)
+    for vec, live in zip(rank.peaks, rank.peak_grads):
         acts = sum(count * (k * terms.act - sel[i] * terms.d_sel - full[i] * terms.d_full + rank.act_const[i])
                    for i, (count, k) in enumerate(zip(vec, n)))
-        m.add(PERMILLE * states + scale * (acts + transient + rank.fixed) <= terms.capacity_scaled)
+        whole = sum(g for g, on in zip(grads, live) if on)
+        m.add(PERMILLE * (states + whole) + scale * (acts + transient + rank.fixed) <= terms.capacity_scaled)
     m.minimize(sum(sel[i] * terms.sel_ns + full[i] * terms.full_ns for i in range(len(n))))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
@@ -197,7 +218,7 @@ def lower_bound_ns(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...], pin:
     states = rank.state_const + t.block_state_bytes * sum(n)
     per_stage = [k * terms.act + c for k, c in zip(n, rank.act_const)]
     fixed_part = PERMILLE * states + scale * rank.fixed - terms.capacity_scaled
-    excess = [fixed_part + scale * sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks]
+    excess = [fixed_part + v for v in terms.peak_values(rank, n, per_stage, scale)]  # whole gradients included
     if max(excess, default=fixed_part) <= 0:
         return 0
     if fixed_part > 0:
