@@ -68,7 +68,9 @@ from autoplan.cost import activations as act
 from autoplan.cost.activations import SavedBytes, elem_bytes
 from autoplan.cost.context_parallel import ring_exchange
 from autoplan.cost.flops import attended_keys
-from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, shard_sequence
+from autoplan.cost.layer_ops import (
+    AttentionCore, Gemm, HostOps, LayerOps, Message, ModuleRerun, SavedTensor, lists_tensors, shard_sequence,
+)
 from autoplan.cost.workload import LayerSplit
 from autoplan.schema import ModelSpec, StackProfile, TrainingSetup
 
@@ -174,10 +176,51 @@ def block_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stac
     replicated = 2 * h + (2 * model.head_dim if model.qk_norm else 0) if model.architecture == "llama" else 6 * h
     core = AttentionCore(split.micro_batch_size, model.num_attention_heads / tp, training.seq_len, model.head_dim,
                          model.dropout > 0, keys=attended_keys(model, training.seq_len))
+    tensors, reruns = (), ()
+    if lists_tensors(stack):
+        mlp_elementwise = (3 if model.mlp_matrices == 3 else 2) * ffn + 2 * hidden * r  # with its fused norm
+        mlp = LayerOps(params=0.0, gemms=gemms[-2:], attention=None, elementwise_bytes=mlp_elementwise,
+                       elementwise_kernels=2, saved=act.SavedBytes(0.0, 0.0, 0.0),
+                       tp_fwd=block_tp_messages(hidden, split.sequence_parallel, splits=1)[0])
+        attention_only = LayerOps(params=0.0, gemms=(), attention=core, elementwise_bytes=0.0, elementwise_kernels=0,
+                                  saved=act.SavedBytes(0.0, 0.0, 0.0))
+        tensors = block_tensors(model, split, training)
+        reruns = (ModuleRerun("core_attn", attention_only), ModuleRerun("mlp", mlp))
     return LayerOps(params=(model.layer_params() - replicated) / tp + replicated, gemms=gemms, attention=core,
                     elementwise_bytes=elementwise, elementwise_kernels=kernels,
                     saved=act.block_saved_bytes(model, split, training), tp_fwd=fwd, tp_bwd=bwd,
-                    host=host_ops(model, "block"), eager_bytes=eager_bytes(model, "block", split, training))
+                    host=host_ops(model, "block"), eager_bytes=eager_bytes(model, "block", split, training),
+                    saved_tensors=tensors, reruns=reruns)
+
+
+def block_tensors(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> tuple[SavedTensor, ...]:
+    """activations.py's ``block_saved_bytes`` tensor by tensor, with what keeps each as Megatron-Core with
+    Transformer Engine runs a dense block (gpt_layer_specs.py): the norms fused into the QKV and first MLP GEMMs
+    (TELayerNormColumnParallelLinear), which keep their outputs; q, k, v and the attention output kept by the
+    attention kernel (the output projection keeps the same output: set_save_original_input); the MLP's tensors
+    and its norm's output dropped by Megatron's ``mlp`` module, the attention kernel's by ``core_attn``."""
+    b, s, tp = split.micro_batch_size, training.seq_len, split.tp
+    h, f, q, kv, a = model.hidden_size, model.ffn_hidden_size, model.q_size, model.kv_size, model.num_attention_heads
+    sbh = s * b * h / split.hidden_shards
+    mlp, ffn = ("mlp",), s * b * f / tp
+    if model.architecture == "llama":  # gate and up (the SwiGLU's input), silu(gate), their product (fc2's input)
+        activation = (SavedTensor(2 * ffn, role="swiglu_inputs", modules=mlp), SavedTensor(ffn, modules=mlp),
+                      SavedTensor(ffn, kept_whole=False, fp8_gemms=1, modules=mlp))
+    else:  # fc1's output (GELU's input) and GELU's output (fc2's input)
+        activation = (SavedTensor(ffn, modules=mlp), SavedTensor(ffn, kept_whole=False, fp8_gemms=1, modules=mlp))
+    masks = (SavedTensor(2 * sbh, element_bytes=1.0),) if model.dropout > 0 else ()
+    qk_norms = (SavedTensor(s * b * (q + kv) / tp),) if model.qk_norm else ()
+    if training.attention == "flash":
+        core = (SavedTensor(a * s * b / tp, element_bytes=4.0, modules=("core_attn",)),)
+    else:
+        scores = a * s * s * b / tp
+        dropout = model.dropout > 0
+        core = ((SavedTensor((2 if dropout else 1) * scores, modules=("core_attn",)),)
+                + ((SavedTensor(scores, element_bytes=1.0, modules=("core_attn",)),) if dropout else ()))
+    return (SavedTensor(2 * sbh), SavedTensor(sbh, kept_whole=False, fp8_gemms=1),
+            SavedTensor(sbh, kept_whole=False, fp8_gemms=1, modules=mlp), *masks,
+            SavedTensor(s * b * (q + 2 * kv) / tp), SavedTensor(s * b * q / tp, role="attention_output"),
+            *activation, *qk_norms, *core)
 
 
 def block_tp_messages(hidden_bytes: float, sp: bool, splits: int) -> tuple[tuple[Message, ...], tuple[Message, ...]]:

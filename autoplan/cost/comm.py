@@ -32,15 +32,19 @@ pairs (nccl-tests doc/PERFORMANCE.md: alltoall busBw = algBw x (n-1)/n), so
 Inside a node busbw is the NVLink bus bandwidth. Across nodes the ring trick that lets g members per node
 pool their NICs does not apply: each rank pushes its (n - g)/n off-node share through its own NIC while the
 (g - 1)/n on-node share goes over NVLink at the same time, so the all-to-all's bus bandwidth is
-min((n-1)/(n-g) x NIC, (n-1)/(g-1) x NVLink) (``GroupLink.all_to_all_bandwidth_bytes_per_s``). DeepEP's
-node-limited dispatch (DeepSeek-V3 section 3.2.2: each token to at most 4 nodes, forwarded over NVLink
-inside them) sends less over the network than this; not modelled.
+min((n-1)/(n-g) x NIC, (n-1)/(g-1) x NVLink) (``GroupLink.all_to_all_bandwidth_bytes_per_s``).
+
+A node-deduplicating dispatcher (DeepEP's normal kernels, HybridEP: a stack's ``ep_dispatcher: deduplicated``)
+sends less: a token crosses the network once per remote node that holds one of its experts and is forwarded
+over NVLink there (DeepSeek-V3 section 3.2.2); ``routed_copies`` counts the copies, ``hierarchical_exchange_s``
+prices them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from math import comb
 from typing import Literal
 
 from autoplan.schema import Cluster
@@ -163,3 +167,31 @@ def hierarchical_exchange_s(cluster: Cluster, network_bytes: float, nvlink_bytes
         return 0.0
     step = cluster.inter_node.latency_us if network_bytes > 0 else cluster.intra_node.latency_us
     return (cluster.collective_latency_us + step) * 1e-6 + max(net, nvl)
+
+
+def routed_copies(experts: int, k: int, ep: int, ranks_per_node: int, node_limit: int | None = None
+                  ) -> tuple[float, float]:
+    """(remote nodes, remote ranks) one token's k routed copies reach, expected under uniform (force-balanced)
+    routing, when ``experts`` lie evenly over ``ep`` ranks, ``ranks_per_node`` of them on each node.
+
+    A dispatcher that deduplicates per node (DeepSeek-V3 technical report sec. 3.2.2: each token crosses
+    InfiniBand once per destination node and is forwarded to the node's GPUs over NVLink; DeepEP's normal
+    kernels and NVIDIA's HybridEP, Megatron-Core token_dispatcher.py ``MoEFlexTokenDispatcher``, do the same)
+    sends a token over the network once per remote node its experts lie on, not once per copy as NCCL's
+    all-to-all (``routed_ops``) does. ``node_limit``: node-limited routing (DeepSeek-V3's M = 4 of 8 groups,
+    each group the experts of one node under ep 64), the k experts drawn among those of ``node_limit`` nodes.
+
+    With the chosen nodes' E' = node_limit x E / nodes experts, a node (a rank) is missed by all k draws with
+    probability C(E' - E/nodes, k) / C(E', k) (C(E' - E/ep, k) / C(E', k)); by symmetry (nodes - 1) / nodes of
+    the nodes hit are remote, (ep - 1) / ep of the ranks hit are another rank."""
+    if experts % ep or ep % min(ep, ranks_per_node):
+        raise ValueError(f"routed_copies: {experts} experts over ep {ep} ranks, {ranks_per_node} per node")
+    per_node = min(ep, ranks_per_node)
+    nodes = ep // per_node
+    chosen = nodes if node_limit is None else min(node_limit, nodes)
+    pool = chosen * experts // nodes
+    if k > pool:
+        raise ValueError(f"routed_copies: top-{k} among the {pool} experts of {chosen} nodes")
+    node_hit = 1 - comb(pool - experts // nodes, k) / comb(pool, k)
+    rank_hit = 1 - comb(pool - experts // ep, k) / comb(pool, k)
+    return chosen * node_hit * (nodes - 1) / nodes, chosen * per_node * rank_hit * (ep - 1) / ep

@@ -34,7 +34,14 @@ Kernel by kernel (times from cost/compute.py, collectives from cost/comm.py):
 * collectives on the layer's own groups: TP on the ``tp`` group, the CP ring on the ``cp`` group, each on
   the link its span crosses (``ParallelDims.span``, cost/comm.py); an MoE layer's token dispatch and
   combine (all-to-alls on the EP group, the all-gather / reduce-scatter on the expert-TP group) on the links
-  of ``ParallelDims.expert_span``, kept apart as ``LayerCost.ep_fwd_s`` / ``ep_bwd_s`` (cost/moe_ops.py).
+  of ``ParallelDims.expert_span``, kept apart as ``LayerCost.ep_fwd_s`` / ``ep_bwd_s`` (cost/moe_ops.py); on a
+  deduplicating dispatcher (``StackProfile.ep_dispatcher``) its ``RoutedExchange`` instead
+  (``routed_exchange_s``).
+* saved activations: the layer's totals (``LayerOps.saved``), or, where the stack keeps some of them in fp8
+  under fp8 training (``StackProfile.fp8_saved``) or recomputes Megatron's modules (``selective_recompute:
+  modules``), the sum over the layer's ``SavedTensor`` list with each tensor's dtype and the chosen modules'
+  tensors left out; a module's rerun (``ModuleRerun``) is priced as its own forward (``rerun_s``) and is the
+  layer's ``selective_extra_s``.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autoplan.cost.activations import SavedBytes
-from autoplan.cost.comm import Collective, collective_time_s, group_link
+from autoplan.cost.comm import Collective, collective_time_s, group_link, hierarchical_exchange_s, routed_copies
 from autoplan.cost.context_parallel import RingExchange, ring_exposed_s
 from autoplan.cost.compute import flash_attention_time_s, matmul_time_s, memory_time_s
 from autoplan.schema import Cluster, DeviceProfile, ParallelDims, StackProfile, TrainingSetup
@@ -151,6 +158,67 @@ class HostOps:
 
 
 @dataclass(frozen=True)
+class SavedTensor:
+    """One activation a layer keeps for its backward (per micro-batch on this device), as what keeps it: what a
+    stack's fp8 storage (``StackProfile.fp8_saved``) and module-level recomputation (``recompute_modules``) act
+    on. ``LayerOps.saved.none`` is the sum of these in the activation dtype (tests/planner/test_moe_dispatcher.py
+    checks it layer by layer)."""
+
+    elements: float
+    kept_whole: bool = True
+    """Kept in the activation dtype by an op that is not an fp8 GEMM (a norm's or the SwiGLU's backward, the
+    attention kernel, a bf16 GEMM such as the router's)."""
+    fp8_gemms: int = 0
+    """fp8 GEMMs that keep it as their input for the weight gradient: each its own quantized copy where the
+    stack keeps fp8 ``gemm_inputs``, else the one copy in the activation dtype they share."""
+    role: str = ""
+    """"attention_output" or "swiglu_inputs": the tensors a stack may keep in one fp8 copy (``fp8_saved``)."""
+    element_bytes: float = 0.0
+    """Bytes of an element whatever the training dtype (fp32 router logits 4, masks 1); 0: the activation dtype."""
+    modules: tuple[str, ...] = ()
+    """Megatron recompute modules that drop it (and rebuild it in backward; its fp8 copies with it, as
+    Megatron-Core's ``set_save_original_input`` makes the consumers keep the discarded original)."""
+
+    def bytes(self, e: int, fp8: frozenset[str]) -> float:
+        """Bytes kept with activations of ``e`` bytes and the saved-fp8 choices ``fp8`` in force."""
+        if self.element_bytes:
+            return self.elements * self.element_bytes
+        if self.role and self.role in fp8:
+            return self.elements * 1.0
+        quantized = "gemm_inputs" in fp8
+        whole = self.kept_whole or (self.fp8_gemms > 0 and not quantized)
+        return self.elements * ((e if whole else 0) + (self.fp8_gemms if quantized else 0))
+
+
+@dataclass(frozen=True)
+class RoutedExchange:
+    """One dispatch (or combine) of a node-deduplicating dispatcher (``StackProfile.ep_dispatcher``
+    ``deduplicated``): ``rows`` tokens of ``row_bytes`` each, every token routed to ``k`` of ``experts``
+    experts laid evenly over the EP group; priced on the group's nodes by ``expert_comm_s`` (cost/comm.py
+    ``routed_copies``, ``hierarchical_exchange_s``)."""
+
+    rows: float
+    row_bytes: float
+    experts: int
+    k: int
+    groups: int = 0
+    """Group-limited routing (DeepSeek-V3: the experts in 8 groups, a token's k among the experts of its
+    ``group_topk`` best groups; Megatron's moe_router_num_groups / moe_router_group_topk): where a group is the
+    experts of one node, a token reaches at most ``group_topk`` nodes. 0: unlimited (model specs do not carry
+    the groups yet)."""
+    group_topk: int = 0
+
+
+@dataclass(frozen=True)
+class ModuleRerun:
+    """What a Megatron recompute module (``StackProfile.recompute_modules``) reruns in a block's backward: the
+    forward work of ``ops`` (GEMMs, attention, memory-bound bytes, its TP and EP messages)."""
+
+    module: str
+    ops: "LayerOps"
+
+
+@dataclass(frozen=True)
 class LayerOps:
     """One layer (the embedding, one block or the head) for one micro-batch on one device, after TP."""
 
@@ -186,6 +254,20 @@ class LayerOps:
     """Forward model FLOPs when they differ from what the GEMMs and the core execute (MoE: the busiest rank
     computes ``moe_imbalance`` x its balanced share of routed tokens, MFU counts the balanced share);
     None: the executed ones."""
+    saved_tensors: tuple[SavedTensor, ...] = ()
+    """``saved.none`` tensor by tensor (analytic blocks; empty for a traced profile, the embedding, the head)."""
+    reruns: tuple[ModuleRerun, ...] = ()
+    """The Megatron recompute modules the layer has, with what each reruns."""
+    dispatch_fwd: tuple[RoutedExchange, ...] = ()
+    """MoE on a deduplicating dispatcher: the dispatch and combine, forward (``ep_fwd`` is then empty)."""
+    dispatch_bwd: tuple[RoutedExchange, ...] = ()
+
+
+def lists_tensors(stack: StackProfile | None) -> bool:
+    """Whether a layer's builder lists its ``SavedTensor`` and ``ModuleRerun`` for ``stack``: only a stack that
+    keeps activations in fp8 or recomputes Megatron's modules reads them (every other prices the totals), and
+    building them for every split would cost the search time for nothing."""
+    return stack is not None and (stack.selective_recompute == "modules" or bool(stack.fp8_saved))
 
 
 def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> LayerOps:
@@ -203,14 +285,16 @@ def shard_sequence(ops: LayerOps, cp: int, ring: RingExchange | None = None) -> 
         return tuple(Message(m.kind, m.size_bytes / cp) for m in messages)
 
     saved = SavedBytes(ops.saved.none / cp, ops.saved.selective / cp, ops.saved.full / cp)
-    if ops.ep_fwd or ops.ep_bwd or ops.etp_fwd or ops.etp_bwd or ops.model_flops is not None:
+    if ops.ep_fwd or ops.ep_bwd or ops.etp_fwd or ops.etp_bwd or ops.model_flops is not None or ops.dispatch_fwd:
         raise ValueError("shard_sequence: an MoE part is built for the rank's own tokens (cost/moe_ops.py), "
                          "not split afterwards")
     return replace(ops, gemms=tuple(replace(g, m=g.m // cp) for g in ops.gemms),
                    attention=replace(ops.attention, cp=cp) if ops.attention is not None else None,
                    elementwise_bytes=ops.elementwise_bytes / cp, saved=saved, tp_fwd=split(ops.tp_fwd),
                    tp_bwd=split(ops.tp_bwd), ring=ring,
-                   eager_bytes=None if ops.eager_bytes is None else (ops.eager_bytes[0] / cp, ops.eager_bytes[1] / cp))
+                   eager_bytes=None if ops.eager_bytes is None else (ops.eager_bytes[0] / cp, ops.eager_bytes[1] / cp),
+                   saved_tensors=tuple(replace(t, elements=t.elements / cp) for t in ops.saved_tensors),
+                   reruns=tuple(replace(r, ops=shard_sequence(r.ops, cp)) for r in ops.reruns))
 
 
 def fp8_cast_bytes(g: Gemm, e: int) -> tuple[float, float]:
@@ -394,7 +478,19 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
     tp_host_fwd = ops.host.tp_modules * device.tp_module_fwd_us * 1e-6 if tp > 1 else 0.0
     tp_host_bwd = ops.host.tp_modules * device.tp_module_bwd_us * 1e-6 if tp > 1 else 0.0
     gemm_flops = [g.flops / g.count for g in ops.gemms for _ in range(g.count)]
-    if stack.selective_recompute == "every_other_matmul" and ops.attention is not None:
+    e = 4 if training.activation_precision == "fp32" else 2
+    fp8_kept = frozenset(stack.fp8_saved) if training.precision == "fp8" else frozenset()
+    by_tensor = bool(ops.saved_tensors) and (bool(fp8_kept) or stack.selective_recompute == "modules")
+    saved_none = saved_bytes_of(ops.saved_tensors, e, fp8_kept) if by_tensor else ops.saved.none
+    if stack.selective_recompute == "modules":
+        # Megatron's recompute_modules: each drops its tensors and reruns its forward in the block's backward
+        reruns = [r.ops for r in ops.reruns if r.module in stack.recompute_modules]
+        selective_extra = sum(rerun_s(r, cluster, training, stack, dims) for r in reruns)
+        selective_flops = sum(sum(g.flops for g in r.gemms) + (r.attention.flops if r.attention else 0.0)
+                              for r in reruns)
+        selective_saved = (saved_bytes_of(ops.saved_tensors, e, fp8_kept, stack.recompute_modules)
+                           if ops.saved_tensors else saved_none)
+    elif stack.selective_recompute == "every_other_matmul" and ops.attention is not None:
         # torchtitan's op-level selective checkpointing: the odd matmuls' outputs and the attention kernel's
         # are kept, everything else reruns (the even matmuls, every memory-bound op, the host work, the TP
         # collectives but the reduce-scatters, which it keeps too)
@@ -407,14 +503,14 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
         standard = ops.attention is not None and training.attention == "standard"
         selective_extra = t.attention_fwd_s if standard else 0.0
         selective_flops = ops.attention.flops if standard else 0.0
-        selective_saved = ops.saved.selective
+        selective_saved = saved_none - (ops.saved.none - ops.saved.selective)
     return LayerCost(
         params=ops.params,
         fwd_s=t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s + t.host_fwd_s + tp_host_fwd,
         bwd_s=t.gemm_bwd_s + t.attention_bwd_s + t.elementwise_bwd_s + t.host_bwd_s + tp_host_bwd,
         fwd_flops=(ops.model_flops if ops.model_flops is not None
                    else sum(g.flops for g in ops.gemms) + (ops.attention.flops if ops.attention else 0.0)),
-        saved_bytes=ops.saved.none, selective_saved_bytes=selective_saved, full_saved_bytes=ops.saved.full,
+        saved_bytes=saved_none, selective_saved_bytes=selective_saved, full_saved_bytes=ops.saved.full,
         selective_extra_s=selective_extra, selective_extra_flops=selective_flops,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         host_fwd_s=t.host_fwd_s + tp_host_fwd, host_bwd_s=t.host_bwd_s + tp_host_bwd,
@@ -431,18 +527,56 @@ def layer_cost(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: 
 
 def expert_comm_s(ops: LayerOps, cluster: Cluster, dims: ParallelDims) -> tuple[float, float]:
     """(forward, backward) seconds of an MoE layer's token exchange: the all-to-alls on the EP group's link
-    and, under expert TP, the dispatcher's all-gather / reduce-scatter on the etp group's (each on the link
-    its span crosses: ``ParallelDims.expert_span``). What a stack hides of them beside the paired
-    micro-batch's kernels (Megatron-Core's ``--overlap-moe-expert-parallel-comm``) is ``layer_cost``'s
-    ``ep_hideable_*_s``."""
+    (or a deduplicating dispatcher's exchanges on the group's nodes, ``routed_exchange_s``) and, under expert
+    TP, the dispatcher's all-gather / reduce-scatter on the etp group's (each on the link its span crosses:
+    ``ParallelDims.expert_span``). What a stack hides of them beside the paired micro-batch's kernels
+    (Megatron-Core's ``--overlap-moe-expert-parallel-comm``) is ``layer_cost``'s ``ep_hideable_*_s``."""
     def on(group: str, size: int, messages: tuple[Message, ...]) -> float:
         if size <= 1 or not messages:
             return 0.0
         link = group_link(cluster, dims.expert_span(group))
         return sum(collective_time_s(m.kind, m.size_bytes, link) for m in messages)
 
-    return (on("ep", dims.ep, ops.ep_fwd) + on("etp", dims.etp, ops.etp_fwd),
-            on("ep", dims.ep, ops.ep_bwd) + on("etp", dims.etp, ops.etp_bwd))
+    def routed(exchanges: tuple[RoutedExchange, ...]) -> float:
+        return sum(routed_exchange_s(x, cluster, dims) for x in exchanges) if dims.ep > 1 else 0.0
+
+    return (on("ep", dims.ep, ops.ep_fwd) + routed(ops.dispatch_fwd) + on("etp", dims.etp, ops.etp_fwd),
+            on("ep", dims.ep, ops.ep_bwd) + routed(ops.dispatch_bwd) + on("etp", dims.etp, ops.etp_bwd))
+
+
+def routed_exchange_s(x: RoutedExchange, cluster: Cluster, dims: ParallelDims) -> float:
+    """One dispatch or combine of a node-deduplicating dispatcher over the EP group as it lies on the nodes
+    (``ParallelDims.expert_span``): each token crosses the network once per remote node holding one of its
+    experts and NVLink once per other rank holding one (``routed_copies``, expected under balanced routing);
+    both paths at once, the slower sets the time (``hierarchical_exchange_s``)."""
+    span = dims.expert_span("ep")
+    per_node = span.size if span.fits_in_node(cluster.devices_per_node) \
+        else span.members_per_node(cluster.devices_per_node)
+    node_limit = x.group_topk if x.groups and span.size == x.groups * per_node else None  # a group per node
+    remote_nodes, remote_ranks = routed_copies(x.experts, x.k, span.size, per_node, node_limit)
+    return hierarchical_exchange_s(cluster, x.rows * x.row_bytes * remote_nodes, x.rows * x.row_bytes * remote_ranks,
+                                   span.size)
+
+
+def rerun_s(ops: LayerOps, cluster: Cluster, training: TrainingSetup, stack: StackProfile,
+            dims: ParallelDims) -> float:
+    """Seconds a recompute module's forward (``ModuleRerun.ops``) takes again in backward: its kernels, its TP
+    collectives (less what the stack's TP overlap hides behind its GEMMs) and its expert exchange."""
+    t = kernel_times(ops, cluster, training, stack)
+    tp = 0.0
+    if dims.tp > 1 and ops.tp_fwd:
+        link = group_link(cluster, dims.span("tp"), tensor_parallel=True)
+        tp = sum(collective_time_s(m.kind, m.size_bytes, link) for m in ops.tp_fwd)
+        tp -= min(stack.tp_comm_overlap * tp, t.gemm_fwd_s)
+    return t.gemm_fwd_s + t.attention_fwd_s + t.elementwise_fwd_s + t.host_fwd_s + tp + expert_comm_s(ops, cluster,
+                                                                                                      dims)[0]
+
+
+def saved_bytes_of(tensors: tuple[SavedTensor, ...], e: int, fp8: frozenset[str],
+                   dropped: tuple[str, ...] = ()) -> float:
+    """Bytes ``tensors`` keep with activations of ``e`` bytes, the saved-fp8 choices ``fp8`` in force, those a
+    module in ``dropped`` discards left out."""
+    return sum(t.bytes(e, fp8) for t in tensors if not set(t.modules) & set(dropped))
 
 
 def _every_other_matmul_saved(ops: LayerOps, training: TrainingSetup) -> float:

@@ -68,19 +68,33 @@ applies the routing weights in the experts' activation rather than at unpermutat
 megatron/core/transformer/moe/README.md): fp32 router logits and scores and the routing map 9 T E; the
 permuted fc1 input e R h, fc1 output e R 2f/etp, the activation (fc2 input) e R f/etp, the permuted fp32
 weights 4 R; shared experts as the dense SwiGLU (4 e T f_s / tp). Linear in k through R. Full recomputation
-keeps the block input alone, as for the dense block; Megatron's finer ``--recompute-modules`` (moe_act,
-mla_up_proj, layernorm) are not modelled.
+keeps the block input alone, as for the dense block.
+
+Each part also lists these tensors one by one (``LayerOps.saved_tensors``, cost/layer_ops.py ``SavedTensor``):
+what keeps each (a norm's or the SwiGLU's backward, the attention kernel, the bf16 router, or only fp8 GEMMs,
+each of which keeps its own quantized copy under Transformer Engine), and which of Megatron-Core's
+``recompute_modules`` drops it, with what that module reruns (``ModuleRerun``), as Megatron-Core with Transformer
+Engine builds the block (gpt_layer_specs.py): ``layernorm`` the separate norms' outputs (MLA's input norm and
+the MoE layer's norm; a GQA block's input norm and a dense MLP's norm are fused into their GEMMs and not
+dropped), ``mla_up_proj`` q, k, v and the latent norms' outputs (rerun: the up-projections, RoPE and, under
+SP, the latents' all-gather), ``moe_act`` the experts' SwiGLU output, ``core_attn`` the attention kernel's
+saved state, ``mlp`` a dense MLP's tensors with its norm's output, ``shared_experts`` the shared SwiGLU's,
+``moe`` the whole MoE layer's but its input (rerun: router, experts and the exchange). A stack's
+``selective_recompute: modules`` and ``fp8_saved`` price them (cost/layer_ops.py ``layer_cost``); the totals
+above stay what every other stack prices.
 
 Model FLOPs (MFU): as Megatron and DeepSeek count them, from the active parameters: 2 x (attention + router +
 k experts + shared) per token forward, plus the attention core; the busiest rank's extra ``moe_imbalance``
 share is executed (priced) but not counted (``LayerOps.model_flops``).
 
 Node-deduplicating dispatchers (DeepEP's normal kernels, HybridEP: Megatron's ``flex`` dispatcher, which the
-published DeepSeek-V3 and Qwen3-30B-A3B H100 recipes use) send a token over the network once per remote node
-that holds any of its experts and forward it over NVLink there (DeepSeek-V3 report sec. 3.2.2); ``routed_copies``
-gives the expected copies under balanced routing and cost/comm.py ``hierarchical_exchange_s`` their time. No
-stack field selects them yet: the blocks above price Megatron's ``alltoall`` dispatcher, and
-benchmarks/moe_runs.py uses these for the runs that ran the other one.
+published DeepSeek-V3 and Qwen3-30B-A3B H100 recipes use; a stack's ``ep_dispatcher: deduplicated``) send a
+token over the network once per remote node that holds any of its experts and forward it over NVLink there
+(DeepSeek-V3 report sec. 3.2.2): ``routed_ops`` then has no all-to-all but two ``RoutedExchange`` each way
+(``deduplicated_exchanges``: the dispatch with the k fp32 routing weights, the combine; the busiest rank's
+load factor on the rows), priced by cost/layer_ops.py ``routed_exchange_s`` from cost/comm.py ``routed_copies``
+(the expected copies under balanced routing, on the EP group's nodes) and ``hierarchical_exchange_s``. Under
+expert TP the etp all-gather / reduce-scatter stay as above.
 
 MTP (DeepSeek-V3 section 2.2, Megatron multi_token_prediction.py): each module runs on the last stage, so it
 is folded into the head: the embedding of the shifted tokens (the shared table: no parameters), RMSNorms on the
@@ -92,14 +106,17 @@ head and a second cross-entropy.
 from __future__ import annotations
 
 from dataclasses import replace
-from math import comb
 from typing import Callable
 
 from autoplan.cost.activations import SavedBytes, elem_bytes
 from autoplan.cost.analytic_ops import block_ops, block_tp_messages, embedding_ops, head_ops, host_ops
 from autoplan.cost.context_parallel import ring_exchange
 from autoplan.cost.flops import attended_keys
-from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message, shard_sequence
+from autoplan.cost.comm import routed_copies  # noqa: F401  (the deduplicating dispatcher's copies; re-exported)
+from autoplan.cost.layer_ops import (
+    AttentionCore, Gemm, HostOps, LayerOps, Message, ModuleRerun, RoutedExchange, SavedTensor, lists_tensors,
+    shard_sequence,
+)
 from autoplan.cost.split import LayerSplit
 from autoplan.errors import SpecError
 from autoplan.schema import ModelSpec, StackProfile, TrainingSetup
@@ -134,8 +151,20 @@ def merge(*parts: LayerOps) -> LayerOps:
         expert_params=sum(p.expert_params for p in parts),
         ep_fwd=tuple(m for p in parts for m in p.ep_fwd), ep_bwd=tuple(m for p in parts for m in p.ep_bwd),
         etp_fwd=tuple(m for p in parts for m in p.etp_fwd), etp_bwd=tuple(m for p in parts for m in p.etp_bwd),
+        saved_tensors=tuple(t for p in parts for t in tensors_of(p)) if any(p.saved_tensors for p in parts) else (),
+        reruns=tuple(r for p in parts for r in p.reruns),
+        dispatch_fwd=tuple(x for p in parts for x in p.dispatch_fwd),
+        dispatch_bwd=tuple(x for p in parts for x in p.dispatch_bwd),
         model_flops=sum(p.model_flops if p.model_flops is not None else executed_flops(p) for p in parts)
         if counted else None)
+
+
+def tensors_of(part: LayerOps) -> tuple[SavedTensor, ...]:
+    """A part's saved tensors; a part that does not list them (the embedding, the head) as one tensor of its
+    saved bytes, which neither fp8 storage nor a recompute module changes."""
+    if part.saved_tensors or not part.saved.none:
+        return part.saved_tensors
+    return (SavedTensor(part.saved.none, element_bytes=1.0),)
 
 
 def astuple_host(host: HostOps) -> tuple[int, ...]:
@@ -176,6 +205,32 @@ def block_skeleton(model: ModelSpec, split: LayerSplit, training: TrainingSetup)
     return moved, 3, SavedBytes(none, none, hidden * r)
 
 
+def skeleton_tensors(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> tuple[SavedTensor, ...]:
+    """``block_skeleton``'s saved tensors but the two norm outputs (the attention part and the feed-forward part
+    say who keeps those): the two norm inputs (their backward reads them) and the dropout masks."""
+    tokens = split.micro_batch_size * training.seq_len * model.hidden_size / split.hidden_shards
+    masks = (SavedTensor(2 * tokens, element_bytes=1.0),) if model.dropout > 0 else ()
+    return (SavedTensor(2 * tokens), *masks)
+
+
+def norm_rerun(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> LayerOps:
+    """One block norm run again (Megatron's ``layernorm`` module): reads its input, writes its output."""
+    hidden = elem_bytes(training.activation_precision) * split.micro_batch_size * training.seq_len * model.hidden_size
+    return _empty(elementwise_bytes=2 * hidden / split.hidden_shards, elementwise_kernels=1)
+
+
+def core_tensors(model: ModelSpec, split: LayerSplit, training: TrainingSetup, heads: float) -> tuple[SavedTensor, ...]:
+    """``_core_saved`` tensor by tensor: flash's fp32 log-sum-exp, or the softmax output (and the dropout mask
+    and output); all dropped by Megatron's ``core_attn`` module."""
+    b, s = split.micro_batch_size, training.seq_len
+    if training.attention == "flash":
+        return (SavedTensor(heads * s * b, element_bytes=4.0, modules=("core_attn",)),)
+    scores = heads * s * s * b
+    dropout = model.dropout > 0
+    return ((SavedTensor((2 if dropout else 1) * scores, modules=("core_attn",)),)
+            + ((SavedTensor(scores, element_bytes=1.0, modules=("core_attn",)),) if dropout else ()))
+
+
 def _core_saved(model: ModelSpec, split: LayerSplit, training: TrainingSetup, heads: float) -> tuple[float, float]:
     """(saved, dropped by selective recomputation) of the attention core: flash keeps its fp32 log-sum-exp."""
     b, s, e = split.micro_batch_size, training.seq_len, elem_bytes(training.activation_precision)
@@ -211,13 +266,26 @@ def gqa_attention_ops(model: ModelSpec, split: LayerSplit, training: TrainingSet
     attn = AttentionCore(split.micro_batch_size, heads, training.seq_len, model.head_dim, model.dropout > 0,
                          keys=attended_keys(model, training.seq_len))
     host = host_ops(model, "block")
+    tensors, reruns = (), ()
+    if lists_tensors(stack):
+        # Megatron with Transformer Engine: the norm before attention is fused into the QKV GEMM
+        # (TELayerNormColumnParallelLinear), which keeps its output; q, k, v and the output the attention kernel
+        # keeps, the output projection the same output (set_save_original_input under fp8)
+        tensors = (*skeleton_tensors(model, split, training),
+                   SavedTensor(tokens * h / split.hidden_shards, kept_whole=False, fp8_gemms=1),
+                   SavedTensor(tokens * (q + 2 * kv) / tp), SavedTensor(tokens * q / tp, role="attention_output"),
+                   *((SavedTensor(tokens * (q + kv) / tp),) if model.qk_norm else ()),
+                   *core_tensors(model, split, training, heads))
+        reruns = (ModuleRerun("core_attn", _empty(attention=attn)),)
     return _empty(params=(model.attention_params() + 2 * h - replicated) / tp + replicated, gemms=gemms,
                   attention=attn, elementwise_bytes=moved, elementwise_kernels=kernels, saved=saved, tp_fwd=fwd,
-                  tp_bwd=bwd, host=host, eager_bytes=None)
+                  tp_bwd=bwd, host=host, eager_bytes=None, saved_tensors=tensors, reruns=reruns)
 
 
-def mla_attention_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> LayerOps:
-    """Multi-head latent attention's part of a block (module doc), with the block's norms and residuals."""
+def mla_attention_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup,
+                      stack: StackProfile | None = None) -> LayerOps:
+    """Multi-head latent attention's part of a block (module doc), with the block's norms and residuals (its
+    saved tensors and module reruns listed where ``stack`` prices them)."""
     mla, tp, e = model.mla, split.tp, elem_bytes(training.activation_precision)
     h, a = model.hidden_size, model.num_attention_heads
     tokens = split.micro_batch_size * training.seq_len
@@ -255,15 +323,35 @@ def mla_attention_ops(model: ModelSpec, split: LayerSplit, training: TrainingSet
     attn = AttentionCore(split.micro_batch_size, heads, training.seq_len, d_qk, model.dropout > 0, v_head_dim=d_v,
                          keys=attended_keys(model, training.seq_len))
     split_params = model.attention_params() - replicated
+    tensors, reruns = (), ()
+    if lists_tensors(stack):
+        # Megatron-Core's MLA with Transformer Engine (gpt_layer_specs.py): a separate input norm whose output the
+        # two duplicated down-projections keep; the latent norms fused into the up-projections
+        # (TELayerNormColumnParallelLinear), which keep their outputs; q, k, v kept by the attention kernel and
+        # dropped with the up-projections by ``mla_up_proj`` (multi_latent_attention.py qkv_up_checkpoint)
+        up = ("mla_up_proj",)
+        tensors = (*skeleton_tensors(model, split, training),
+                   SavedTensor(own * h, kept_whole=False, fp8_gemms=2, modules=("layernorm",)),
+                   SavedTensor(own * (latent_norms + rope)),
+                   SavedTensor(own * latent_norms, kept_whole=False, fp8_gemms=1, modules=up),
+                   SavedTensor(tokens * a * (2 * d_qk + d_v) / tp, modules=up),
+                   SavedTensor(tokens * a * d_v / tp, role="attention_output"),
+                   *core_tensors(model, split, training, heads))
+        up_gemms = q_gemms[-1:] + gemms[-2:-1]  # q (up) and kv up
+        rope_and_norms = 2 * e * own * latent_norms + 2 * e * tokens * 2 * a * d_qk / tp
+        rerun_up = _empty(gemms=up_gemms, elementwise_bytes=rope_and_norms,
+                          elementwise_kernels=(2 if ql is not None else 1) + 1, tp_fwd=fwd[:1] if sp else ())
+        reruns = (ModuleRerun("layernorm", norm_rerun(model, split, training)), ModuleRerun("mla_up_proj", rerun_up),
+                  ModuleRerun("core_attn", _empty(attention=attn)))
     return _empty(params=split_params / tp + replicated + 2 * h, gemms=gemms, attention=attn, elementwise_bytes=moved,
                   elementwise_kernels=kernels, saved=saved, tp_fwd=fwd, tp_bwd=bwd, host=host_ops(model, "block"),
-                  eager_bytes=None)
+                  eager_bytes=None, saved_tensors=tensors, reruns=reruns)
 
 
 def attention_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stack: StackProfile) -> LayerOps:
     """The attention part of one block for the rank's s / cp tokens; under cp with its ring (flash only)."""
     if split.cp == 1:
-        return mla_attention_ops(model, split, training) if model.mla is not None \
+        return mla_attention_ops(model, split, training, stack) if model.mla is not None \
             else gqa_attention_ops(model, split, training, stack)
     if training.attention != "flash":
         raise ValueError("context parallelism runs ring attention on flash kernels (plan.py refuses standard)")
@@ -282,9 +370,9 @@ def attention_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, 
 # ---- feed-forward parts ---------------------------------------------------------------------------------------
 
 def swiglu_ops(width: int, model: ModelSpec, split: LayerSplit, training: TrainingSetup,
-               stack: StackProfile) -> LayerOps:
+               stack: StackProfile, module: str = "mlp") -> LayerOps:
     """A dense SwiGLU MLP of ``width`` split by TP (gate and up column-, down row-parallel), whole sequence:
-    the dense block's MLP, or the shared experts."""
+    the dense block's MLP (``module`` "mlp"), or the shared experts ("shared_experts")."""
     tp, e, h = split.tp, elem_bytes(training.activation_precision), model.hidden_size
     tokens = split.micro_batch_size * training.seq_len
     gemms = (Gemm(tokens, width // tp, h, count=2), Gemm(tokens, h, width // tp))
@@ -293,8 +381,25 @@ def swiglu_ops(width: int, model: ModelSpec, split: LayerSplit, training: Traini
     if stack.tp_input_grad_reduce == "per_module" and not split.sequence_parallel:
         bwd = (Message("all_reduce", e * tokens * h),) * 2  # gate and up (analytic_ops.block_ops)
     saved = 4 * ffn  # gate, silu(gate), up, their product (activations.py)
+    tensors, reruns = (), ()
+    if lists_tensors(stack):
+        dropped = (module,) if module == "mlp" else (module, "moe")
+        width_elements = tokens * width / tp
+        # gate and up (the SwiGLU's input), silu(gate), and the product that the down projection keeps
+        tensors = (SavedTensor(2 * width_elements, role="swiglu_inputs", modules=dropped),
+                   SavedTensor(width_elements, modules=dropped),
+                   SavedTensor(width_elements, kept_whole=False, fp8_gemms=1, modules=dropped))
+        rerun = _empty(gemms=gemms, elementwise_bytes=3 * ffn, elementwise_kernels=1, tp_fwd=fwd)
+        if module == "mlp":  # Transformer Engine fuses the norm before a dense MLP into its first GEMM, which keeps
+            # the norm's output (gpt_layer_specs.py: pre_mlp_layernorm IdentityOp); the MLP's checkpoint drops it
+            tensors += (SavedTensor(tokens * h / split.hidden_shards, kept_whole=False, fp8_gemms=1, modules=dropped),)
+            norm = norm_rerun(model, split, training)
+            rerun = replace(rerun, elementwise_bytes=rerun.elementwise_bytes + norm.elementwise_bytes,
+                            elementwise_kernels=rerun.elementwise_kernels + norm.elementwise_kernels)
+        reruns = tuple(ModuleRerun(m, rerun) for m in dropped)
     return _empty(params=3 * h * width / tp, gemms=gemms, elementwise_bytes=3 * ffn, elementwise_kernels=1,
-                  saved=SavedBytes(saved, saved, 0.0), tp_fwd=fwd, tp_bwd=bwd, eager_bytes=None)
+                  saved=SavedBytes(saved, saved, 0.0), tp_fwd=fwd, tp_bwd=bwd, eager_bytes=None, saved_tensors=tensors,
+                  reruns=reruns)
 
 
 def local_tokens(split: LayerSplit, training: TrainingSetup) -> int:
@@ -314,9 +419,10 @@ def expert_load(model: ModelSpec, training: TrainingSetup) -> float:
     return training.moe_imbalance if cf is None else min(training.moe_imbalance, cf)
 
 
-def routed_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> LayerOps:
+def routed_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup,
+               stack: StackProfile | None = None) -> LayerOps:
     """Router and routed experts of one MoE layer on this rank's own tokens (module doc), with the token
-    exchange over EP and etp."""
+    exchange over EP (as ``stack.ep_dispatcher`` runs it; None: the all-to-all) and etp."""
     moe, e, h = model.moe, elem_bytes(training.activation_precision), model.hidden_size
     ep, etp, experts, k = split.ep, split.etp, model.moe.num_experts, model.moe.experts_per_token
     if experts % ep or moe.expert_ffn_size % etp:
@@ -350,10 +456,51 @@ def routed_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup) -> 
         etp_bwd = (Message("all_gather", gathered), Message("reduce_scatter", gathered),
                    Message("reduce_scatter", gathered_probs))
     counted = router.flops + (fc1.flops + fc2.flops) / load
+    dispatch_fwd = dispatch_bwd = ()
+    if ep > 1 and stack is not None and stack.ep_dispatcher == "deduplicated":
+        ep_fwd = ep_bwd = ()
+        dispatch_fwd, dispatch_bwd = deduplicated_exchanges(model, t * load, training, stack)
+    # the norm before the MoE layer (a separate norm: the router and the dispatcher read its output; the router,
+    # a bf16 GEMM, keeps it, and so does the shared experts' first GEMM), the router's fp32 logits, scores and
+    # map; the experts' input (grouped fc1's), fc1's output (the SwiGLU's input), the SwiGLU's output (fc2's
+    # input, dropped by ``moe_act``, Megatron experts.py activation_recompute), the permuted fp32 weights
+    tensors, reruns = (), ()
+    if lists_tensors(stack):
+        layer = ("moe",)
+        tensors = (SavedTensor(t * h, fp8_gemms=1 if moe.num_shared_experts else 0, modules=("layernorm",)),
+                   SavedTensor(9 * t * experts, element_bytes=1.0, modules=layer),
+                   SavedTensor(rows * h, kept_whole=False, fp8_gemms=1, modules=layer),
+                   SavedTensor(rows * 2 * f, role="swiglu_inputs", modules=layer),
+                   SavedTensor(rows * f, kept_whole=False, fp8_gemms=1, modules=("moe_act", "moe")),
+                   SavedTensor(rows, element_bytes=4.0, modules=layer))
+        whole = _empty(gemms=(router, fc1, fc2), elementwise_bytes=moved, elementwise_kernels=kernels, ep_fwd=ep_fwd,
+                       etp_fwd=etp_fwd, dispatch_fwd=dispatch_fwd)
+        reruns = (ModuleRerun("layernorm", _empty(elementwise_bytes=2 * e * t * h, elementwise_kernels=1)),
+                  ModuleRerun("moe_act", _empty(elementwise_bytes=3 * e * rows * f + 4 * rows, elementwise_kernels=1)),
+                  ModuleRerun("moe", whole))
     return _empty(params=moe.router_params(h) + expert, gemms=(router, fc1, fc2), elementwise_bytes=moved,
-                  elementwise_kernels=kernels, saved=SavedBytes(kept, kept, 0.0), eager_bytes=None,
-                  expert_params=expert, ep_fwd=ep_fwd, ep_bwd=ep_bwd, etp_fwd=etp_fwd, etp_bwd=etp_bwd,
-                  model_flops=counted)
+                  elementwise_kernels=kernels, saved=SavedBytes(kept, kept, 0.0),
+                  eager_bytes=None, expert_params=expert, ep_fwd=ep_fwd, ep_bwd=ep_bwd, etp_fwd=etp_fwd,
+                  etp_bwd=etp_bwd, model_flops=counted, saved_tensors=tensors, reruns=reruns,
+                  dispatch_fwd=dispatch_fwd, dispatch_bwd=dispatch_bwd)
+
+
+def deduplicated_exchanges(model: ModelSpec, rows: float, training: TrainingSetup, stack: StackProfile
+                           ) -> tuple[tuple[RoutedExchange, ...], tuple[RoutedExchange, ...]]:
+    """(forward, backward) exchanges of ``rows`` tokens on a node-deduplicating dispatcher (module doc): forward
+    the dispatch (the hidden row with its k fp32 routing weights) and the combine (the expert outputs),
+    backward their gradients the other way. Under fp8 training a stack with ``ep_dispatch_dtype`` fp8 sends
+    the rows towards the experts (the dispatch, the combine's gradient) in fp8 with a 4-byte scale per 128
+    elements (DeepSeek-V3 sec. 3.3.3); the other direction in the activation dtype."""
+    moe, h, e = model.moe, model.hidden_size, elem_bytes(training.activation_precision)
+    fp8 = stack.ep_dispatch_dtype == "fp8" and training.precision == "fp8"
+    towards = (h + 4 * h / 128) if fp8 else e * h
+    weights = 4.0 * moe.experts_per_token
+
+    def exchange(row_bytes: float) -> RoutedExchange:
+        return RoutedExchange(rows, row_bytes, moe.num_experts, moe.experts_per_token)
+
+    return (exchange(towards + weights), exchange(e * h)), (exchange(towards), exchange(e * h + weights))
 
 
 def shared_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stack: StackProfile) -> LayerOps:
@@ -361,7 +508,7 @@ def shared_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, sta
     gate and the add of their output to the routed one (on the rank's own tokens)."""
     moe, h, e = model.moe, model.hidden_size, elem_bytes(training.activation_precision)
     own = split.micro_batch_size * training.seq_len / split.hidden_shards
-    ops = swiglu_ops(moe.shared_width, model, split, training, stack)
+    ops = swiglu_ops(moe.shared_width, model, split, training, stack, module="shared_experts")
     add = 3 * e * own * h
     gate = (e * own * h + 3 * e * own * h) if moe.shared_expert_gate else 0.0  # sigmoid(w . x) * shared
     return replace(ops, params=ops.params + (h if moe.shared_expert_gate else 0),
@@ -372,7 +519,7 @@ def shared_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, sta
 def moe_block_ops(model: ModelSpec, split: LayerSplit, training: TrainingSetup, stack: StackProfile) -> LayerOps:
     """One MoE block on one device for one micro-batch: attention part, router and routed experts, shared
     experts."""
-    parts = [attention_ops(model, split, training, stack), routed_ops(model, split, training)]
+    parts = [attention_ops(model, split, training, stack), routed_ops(model, split, training, stack)]
     if model.moe.num_shared_experts:
         parts.append(sequence_split(lambda whole: shared_ops(model, whole, training, stack), split))
     ops = merge(*parts)
@@ -463,33 +610,3 @@ def refuse_unpriced(model: ModelSpec) -> None:
                         "priced: the cost model takes every block past first_dense_layers as an MoE block; use 1")
     if model.architecture != "llama" and (model.moe is not None or model.mla is not None):
         raise SpecError("architecture: MoE and MLA blocks are priced for llama only")
-
-
-# ---- a node-deduplicating dispatcher (DeepEP / HybridEP), not yet a stack choice ---------------------------------
-
-def routed_copies(experts: int, k: int, ep: int, ranks_per_node: int, node_limit: int | None = None
-                  ) -> tuple[float, float]:
-    """(remote nodes, remote ranks) one token's k routed copies reach, expected under uniform (force-balanced)
-    routing, when ``experts`` lie evenly over ``ep`` ranks, ``ranks_per_node`` of them on each node.
-
-    A dispatcher that deduplicates per node (DeepSeek-V3 technical report sec. 3.2.2: each token crosses
-    InfiniBand once per destination node and is forwarded to the node's GPUs over NVLink; DeepEP's normal
-    kernels and NVIDIA's HybridEP, Megatron-Core token_dispatcher.py ``MoEFlexTokenDispatcher``, do the same)
-    sends a token over the network once per remote node its experts lie on, not once per copy as NCCL's
-    all-to-all (``routed_ops``) does. ``node_limit``: node-limited routing (DeepSeek-V3's M = 4 of 8 groups,
-    each group the experts of one node under ep 64), the k experts drawn among those of ``node_limit`` nodes.
-
-    With the chosen nodes' E' = node_limit x E / nodes experts, a node (a rank) is missed by all k draws with
-    probability C(E' - E/nodes, k) / C(E', k) (C(E' - E/ep, k) / C(E', k)); by symmetry (nodes - 1) / nodes of
-    the nodes hit are remote, (ep - 1) / ep of the ranks hit are another rank."""
-    if experts % ep or ep % min(ep, ranks_per_node):
-        raise ValueError(f"routed_copies: {experts} experts over ep {ep} ranks, {ranks_per_node} per node")
-    per_node = min(ep, ranks_per_node)
-    nodes = ep // per_node
-    chosen = nodes if node_limit is None else min(node_limit, nodes)
-    pool = chosen * experts // nodes
-    if k > pool:
-        raise ValueError(f"routed_copies: top-{k} among the {pool} experts of {chosen} nodes")
-    node_hit = 1 - comb(pool - experts // nodes, k) / comb(pool, k)
-    rank_hit = 1 - comb(pool - experts // ep, k) / comb(pool, k)
-    return chosen * node_hit * (nodes - 1) / nodes, chosen * per_node * rank_hit * (ep - 1) / ep

@@ -17,7 +17,9 @@ leave-one-out error of each).
 Shipped stacks (``profiles/stacks/``): ``autoplan`` (this runtime: eager PyTorch, DTensor TP, FSDP2 with
 a mixed-precision policy, torch pipelining; the default), ``torchtitan`` (eager), ``torchtitan-compile``
 (torch.compile per block), ``torchtitan-compile-async-tp``, ``megatron`` (Megatron-Core with Transformer
-Engine and the distributed optimizer, as NeMo runs it) and ``megatron-lm`` (Megatron-LM 2021-22, the dev
+Engine and the distributed optimizer, as NeMo runs it), ``megatron-deepep`` (the same with the flex token
+dispatcher over DeepEP / HybridEP, module-level recomputation and fp8 saved GEMM inputs), ``hai-llm``
+(DeepSeek's framework as the DeepSeek-V3 report describes it) and ``megatron-lm`` (Megatron-LM 2021-22, the dev
 set's papers).
 """
 
@@ -60,11 +62,37 @@ class StackProfile:
     column -> row parallel pair (Megatron's fused QKV and fc1 / gate-up GEMMs): 2 per block.
     ``per_module``: one per column-parallel module, as DTensor's ``ColwiseParallel`` reduces its input
     gradient at each module boundary: q, k, v and the MLP's input matrices, 4 (gpt) or 5 (llama) per block."""
-    selective_recompute: Literal["attention_core", "every_other_matmul"] = "attention_core"
+    selective_recompute: Literal["attention_core", "every_other_matmul", "modules"] = "attention_core"
     """What ``recompute: selective`` drops and reruns. ``attention_core``: the scores, softmax and dropout
     (Korthikanti et al. 2022; nothing under flash attention). ``every_other_matmul``: torchtitan's op-level
     selective checkpointing, which keeps the outputs of the odd matmuls of a block and of the attention
-    kernel and reruns everything else (the even matmuls and every memory-bound op)."""
+    kernel and reruns everything else (the even matmuls and every memory-bound op). ``modules``: Megatron-Core's
+    module-level recomputation (``--recompute-granularity selective --recompute-modules ...``) of the modules
+    ``recompute_modules`` names: each drops what it names from a block's saved activations and reruns its
+    forward in the block's backward (cost/layer_ops.py ``SavedTensor``, ``ModuleRerun``)."""
+    recompute_modules: tuple[Literal["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe",
+                                     "shared_experts"], ...] = ()
+    """With ``selective_recompute: modules``: Megatron-Core's ``recompute_modules`` (transformer_config.py):
+    ``core_attn`` the attention kernel, ``layernorm`` the two block norms' outputs, ``moe_act`` the routed
+    experts' SwiGLU output, ``mla_up_proj`` MLA's up-projections and RoPE (q, k, v), ``mlp`` a dense block's
+    MLP, ``moe`` the whole MoE layer, ``shared_experts`` its shared experts. A module a block lacks does nothing."""
+    ep_dispatcher: Literal["alltoall", "deduplicated"] = "alltoall"
+    """How an MoE layer exchanges its routed tokens over EP. ``alltoall``: NCCL all-to-alls of every routed copy
+    (Megatron-Core's ``MoEAlltoAllTokenDispatcher``: T k rows a rank, cost/moe_ops.py). ``deduplicated``: a token
+    crosses the network once per destination node and NVLink once per destination rank (DeepEP's normal kernels,
+    HybridEP: Megatron-Core's ``MoEFlexTokenDispatcher``; cost/comm.py ``routed_copies``,
+    ``hierarchical_exchange_s``)."""
+    ep_dispatch_dtype: Literal["compute", "fp8"] = "compute"
+    """Under fp8 training, the dtype the routed tokens travel in towards the experts (the forward dispatch and
+    the backward's gradient of the combine); the other direction stays in the activation dtype. ``fp8``:
+    DeepSeek-V3's fp8 dispatch (arXiv 2412.19437 sec. 3.3.3), 1 byte an element and a 4-byte scale per 128."""
+    fp8_saved: tuple[Literal["gemm_inputs", "attention_output", "swiglu_inputs"], ...] = ()
+    """Under fp8 training, which saved activations are kept in fp8 (1 byte) rather than the activation dtype
+    (cost/layer_ops.py ``SavedTensor``). ``gemm_inputs``: each fp8 GEMM keeps its own quantized copy of its
+    input for its weight gradient (Transformer Engine's default: Megatron-Core transformer_engine.py
+    ``set_save_original_input``); ``attention_output``: the attention output, shared by the attention
+    kernel's backward and the output projection, in one fp8 copy; ``swiglu_inputs``: the SwiGLU's input
+    (DeepSeek-V3 sec. 3.3.3). Empty: every activation in the activation dtype."""
     tp_comm_overlap: float = 0.0
     """Share of the tensor-parallel collectives that runs beside the GEMMs they feed or follow, decomposed
     into chunks (torch's async TP: ``fused_all_gather_matmul``, ``fused_matmul_reduce_scatter``; Transformer
@@ -117,6 +145,24 @@ class StackProfile:
     calibration (cost/cpu_host/) measures whole steps on the host itself."""
     attention_efficiency: float = 1.0
     """The same for the attention kernel."""
+    loss_logit_copies: int = 3
+    """fp32 buffers of the logits' size alive at once at the loss's peak, the log-softmax (or softmax) kept
+    for backward among them, with the logits whole on each rank (tp = 1). torch's ``F.cross_entropy(logits
+    .float())`` (torchtitan's loss, this runtime's): 3, in its backward the kept log-softmax, nll_loss's
+    gradient and log-softmax's; Megatron's vocab-parallel cross-entropy: 1, it works in place on its fp32
+    copy. The peak is the larger of these and one fp32 buffer beside the e-byte logits or their gradient
+    (the casts): cost/activations.py ``logits_transient_bytes``."""
+    loss_parallel_logit_copies: int = 4
+    """The same under tensor parallelism, each rank holding its vocabulary shard's logits: torch's
+    ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py) 4, its backward
+    ``_nll_loss_and_log_softmax_backward`` computing ``(zeros + exp(x)) * grad`` beside the kept
+    log-softmax; Megatron 1."""
+    attention_repeats_kv: bool = False
+    """Grouped-query attention: K and V are repeated to every query head before the attention kernel
+    (torchtitan's ``repeat_kv``) rather than passed grouped (SDPA's ``enable_gqa``, flash-attn's GQA). The
+    kernel then keeps the repeated K and V for backward, and context parallelism's ring gathers, holds and
+    returns gradients for them at that width: heads / kv_heads x the grouped bytes
+    (cost/spec_workload.py ``stack_attention``)."""
     fitted: tuple[FittedParameter, ...] = ()
     """The fields fitted to published runs of this stack, with the runs."""
     sources: tuple[FieldSource, ...] = ()
@@ -129,6 +175,12 @@ class StackProfile:
         require_range(self, "allocator_reserve", 0.0, 10.0)
         require_range(self, "allocator_cache", 0.0, 10.0)
         require_range(self, "optimizer_bytes_per_param", 0.0, 1e4)
+        require_range(self, "loss_logit_copies", 0, 16)
+        require_range(self, "loss_parallel_logit_copies", 0, 16)
+        require(not self.recompute_modules or self.selective_recompute == "modules", "recompute_modules",
+                "is read only with selective_recompute: modules")
+        require(self.selective_recompute != "modules" or len(self.recompute_modules) > 0, "recompute_modules",
+                "selective_recompute: modules needs the modules it recomputes")
         for name in ("gemm_efficiency", "attention_efficiency"):
             require_range(self, name, 0.0, 1.0, low_open=True)
         names = {f.name for f in dataclasses.fields(self)}
