@@ -9,7 +9,8 @@ each with its source):
 
 * DeepSeek-V3 on 2048 H800: DeepSeek's own framework, stack ``hai-llm`` (DeepEP-style deduplicating fp8
   dispatch, DualPipe hiding the exchange, RMSNorm / MLA up-projection / SwiGLU-output recomputation, fp8
-  caching of activations); DualPipe as ``dualpipev``, its unpublished micro-batch as 1.
+  caching of activations); DualPipe as ``dualpipev``, its unpublished micro-batch as 1. ``dualpipev`` lets the
+  stack's exchange overlap hide the all-to-all as interleaved stages do (``ParallelConfig.ep_overlap_possible``).
 * DeepSeek-V3 on 1024 H100 and Qwen3-30B-A3B on 16 H100: Megatron-Core's flex dispatcher with HybridEP, stack
   ``megatron-deepep``; DeepSeek-V3's recipe names its own ``recompute_modules`` [mla_up_proj, mlp], which
   replace the stack's list (a recipe's published setting, not a fit).
@@ -19,9 +20,15 @@ each with its source):
 A run whose recipe recomputes selectively recomputes every MoE block selectively; its leading dense blocks
 (DeepSeek-V3's 3) keep their activations if the layout then fits and are fully recomputed otherwise (a plan
 recomputes them all fully or not at all, cost/stage_table.py: ``recompute`` prints which). A custom pipeline
-layout is the even split with the dense blocks on stage 0. Not expressed: DeepSeek-V3's node-limited routing
-(each token's experts on at most 4 nodes; model specs carry no routing groups), its BF16 optimizer moments and
-the embedding shared with the MTP module on DualPipe's rank 0.
+layout is the even split with the dense blocks on stage 0. DeepSeek-V3's node-limited routing is the model's
+(``moe.router_groups`` 8, ``router_group_topk`` 4): at ep 64 a group is one node's experts, so on the deduplicating
+dispatchers a token crosses the network to at most 4 nodes (cost/comm.py ``routed_copies``). Not expressed: its
+BF16 optimizer moments and the embedding shared with the MTP module on DualPipe's rank 0.
+
+Figures (``python benchmarks/moe_runs.py``, this cost model): DeepSeek-V3 2048 H800 -24.2%, DeepSeek-V3 1024 H100
+-12.6%, Qwen3-235B-A22B +5.4%, Qwen3-30B-A3B +29.8%: median |error| 18.4%, max 29.8% (before DualPipe's overlap
+and the routing groups: -36.6%, -22.8%, +5.4%, +29.8%, median 26.3%, max 36.6%). The largest error left is
+Qwen3-30B-A3B's overestimate, which neither change touches (no pipelining, ep within two nodes, no groups).
 
 The columns "megatron" price the same layout on the plain ``megatron`` stack (all-to-all dispatch, attention-core
 selective recomputation: none when the layout fits without recomputation, else full), what this benchmark

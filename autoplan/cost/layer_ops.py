@@ -204,8 +204,8 @@ class RoutedExchange:
     groups: int = 0
     """Group-limited routing (DeepSeek-V3: the experts in 8 groups, a token's k among the experts of its
     ``group_topk`` best groups; Megatron's moe_router_num_groups / moe_router_group_topk): where a group is the
-    experts of one node, a token reaches at most ``group_topk`` nodes. 0: unlimited (model specs do not carry
-    the groups yet)."""
+    experts of one node, a token reaches at most ``group_topk`` nodes. 0: unlimited (filled from the spec's
+    ``moe.router_groups`` by moe_ops.deduplicated_exchanges)."""
     group_topk: int = 0
 
 

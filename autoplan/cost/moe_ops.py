@@ -93,7 +93,8 @@ token over the network once per remote node that holds any of its experts and fo
 (DeepSeek-V3 report sec. 3.2.2): ``routed_ops`` then has no all-to-all but two ``RoutedExchange`` each way
 (``deduplicated_exchanges``: the dispatch with the k fp32 routing weights, the combine; the busiest rank's
 load factor on the rows), priced by cost/layer_ops.py ``routed_exchange_s`` from cost/comm.py ``routed_copies``
-(the expected copies under balanced routing, on the EP group's nodes) and ``hierarchical_exchange_s``. Under
+(the expected copies under balanced routing, on the EP group's nodes; at most ``moe.router_group_topk`` nodes
+under group-limited routing when the EP group spans ``moe.router_groups`` nodes) and ``hierarchical_exchange_s``. Under
 expert TP the etp all-gather / reduce-scatter stay as above.
 
 MTP (DeepSeek-V3 section 2.2, Megatron multi_token_prediction.py): each module runs on the last stage, so it
@@ -491,14 +492,18 @@ def deduplicated_exchanges(model: ModelSpec, rows: float, training: TrainingSetu
     the dispatch (the hidden row with its k fp32 routing weights) and the combine (the expert outputs),
     backward their gradients the other way. Under fp8 training a stack with ``ep_dispatch_dtype`` fp8 sends
     the rows towards the experts (the dispatch, the combine's gradient) in fp8 with a 4-byte scale per 128
-    elements (DeepSeek-V3 sec. 3.3.3); the other direction in the activation dtype."""
+    elements (DeepSeek-V3 sec. 3.3.3); the other direction in the activation dtype. A group-limited router
+    (``moe.router_groups``) bounds the nodes a token reaches where a group is one node's experts
+    (cost/layer_ops.py ``routed_exchange_s``)."""
     moe, h, e = model.moe, model.hidden_size, elem_bytes(training.activation_precision)
     fp8 = stack.ep_dispatch_dtype == "fp8" and training.precision == "fp8"
     towards = (h + 4 * h / 128) if fp8 else e * h
     weights = 4.0 * moe.experts_per_token
 
+    groups = (moe.router_groups, moe.router_group_topk) if moe.group_limited else (0, 0)
+
     def exchange(row_bytes: float) -> RoutedExchange:
-        return RoutedExchange(rows, row_bytes, moe.num_experts, moe.experts_per_token)
+        return RoutedExchange(rows, row_bytes, moe.num_experts, moe.experts_per_token, *groups)
 
     return (exchange(towards + weights), exchange(e * h)), (exchange(towards), exchange(e * h + weights))
 

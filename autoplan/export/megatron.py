@@ -14,10 +14,12 @@ What maps how:
 * ZeRO 1 is the distributed optimizer; ZeRO 2 and 3 Megatron FSDP with ``optim_grads`` /
   ``optim_grads_params`` sharding; ZeRO 0 plain DDP. Gradient reduction overlaps backward when the plan's
   training does.
-* Recomputation: ``selective`` for every block (the attention core), or ``full`` with
+* Recomputation: ``selective`` for every block (the attention core; a stack with ``selective_recompute:
+  modules`` adds its ``--recompute-modules``), or ``full`` with
   ``--recompute-method block --recompute-num-layers k``: the first k blocks of every (virtual) stage, the
   plan's own placement. Stages recomputing different counts, or mixing the two, are refused with the nearest.
-* Mixture of Experts (Megatron-Core's MoE layer, alltoall dispatcher with grouped GEMMs): experts, top-k,
+* Mixture of Experts (Megatron-Core's MoE layer with grouped GEMMs; the alltoall dispatcher, or the flex one
+  on DeepEP for a stack with ``ep_dispatcher: deduplicated``): experts, top-k, group-limited routing,
   expert and shared widths, the leading dense blocks as a ``--moe-layer-freq`` pattern, the router's score
   function (softmax: top-k then softmax over them, ``--moe-router-pre-softmax`` where the spec does not
   renormalise; sigmoid: DeepSeek-V3's aux-loss-free expert bias), its scaling factor and load-balancing
@@ -155,7 +157,7 @@ def _moe_arguments(plan: Plan) -> list[Argument]:
              _arg("--moe-ffn-hidden-size", moe.expert_ffn_size, f"{TRANSFORMER}.moe_ffn_hidden_size"),
              _arg("--moe-layer-freq", f'"{_layer_pattern(plan)}"', f"{TRANSFORMER}.moe_layer_freq"),
              _arg("--moe-router-score-function", moe.router, f"{TRANSFORMER}.moe_router_score_function"),
-             _arg("--moe-token-dispatcher-type", "alltoall", f"{TRANSFORMER}.moe_token_dispatcher_type"),
+             *_dispatcher_arguments(plan),
              _arg("--moe-grouped-gemm", None, f"{TRANSFORMER}.moe_grouped_gemm")]
     if moe.shared_width:
         args.append(_arg("--moe-shared-expert-intermediate-size", moe.shared_width,
@@ -176,7 +178,20 @@ def _moe_arguments(plan: Plan) -> list[Argument]:
     if moe.capacity_factor is not None:
         args.append(_arg("--moe-expert-capacity-factor", moe.capacity_factor,
                          f"{TRANSFORMER}.moe_expert_capacity_factor"))
+    if moe.group_limited:  # DeepSeek's node-limited routing: top-k among the experts of the best groups
+        args += [_arg("--moe-router-num-groups", moe.router_groups, f"{TRANSFORMER}.moe_router_num_groups"),
+                 _arg("--moe-router-group-topk", moe.router_group_topk, f"{TRANSFORMER}.moe_router_group_topk")]
     return args
+
+
+def _dispatcher_arguments(plan: Plan) -> list[Argument]:
+    """The token dispatcher the plan was priced with: the NCCL all-to-all one, or, for a stack with
+    ``ep_dispatcher: deduplicated``, the flex dispatcher on DeepEP's node-deduplicating kernels
+    (token_dispatcher.py ``MoEFlexTokenDispatcher``; HybridEP, its other backend, deduplicates alike)."""
+    if plan.stack is not None and plan.stack.ep_dispatcher == "deduplicated":
+        return [_arg("--moe-token-dispatcher-type", "flex", f"{TRANSFORMER}.moe_token_dispatcher_type"),
+                _arg("--moe-flex-dispatcher-backend", "deepep", f"{TRANSFORMER}.moe_flex_dispatcher_backend")]
+    return [_arg("--moe-token-dispatcher-type", "alltoall", f"{TRANSFORMER}.moe_token_dispatcher_type")]
 
 
 def _split_arguments(plan: Plan) -> list[Argument]:
@@ -205,7 +220,13 @@ def _recompute_arguments(plan: Plan) -> list[Argument]:
     if mode == "none":
         return []
     if mode == "selective":
-        return [_arg("--recompute-granularity", "selective", f"{TRANSFORMER}.recompute_granularity")]
+        if plan.stack is None or plan.stack.selective_recompute != "modules":
+            return [_arg("--recompute-granularity", "selective", f"{TRANSFORMER}.recompute_granularity")]
+        modules = _recompute_modules(plan)
+        if not modules:  # the plan priced nothing dropped: Megatron's default module (core_attn) would drop some
+            return []
+        return [_arg("--recompute-granularity", "selective", f"{TRANSFORMER}.recompute_granularity"),
+                _arg("--recompute-modules", " ".join(modules), f"{TRANSFORMER}.recompute_modules")]
     stages = stage_recompute(plan)
     counts = {s.full for s in stages}
     if all(s.selective == 0 for s in stages) and len(counts) == 1:
@@ -218,6 +239,26 @@ def _recompute_arguments(plan: Plan) -> list[Argument]:
                       f"selectively, and this plan recomputes per stage {describe_recompute(plan)}; nearest: "
                       f"--recompute-granularity full --recompute-method block --recompute-num-layers {max(most, 1)}"
                       f" (re-plan with --recompute full to price it), or --recompute-granularity selective")
+
+
+def _recompute_modules(plan: Plan) -> tuple[str, ...]:
+    """The stack's ``recompute_modules`` (``selective_recompute: modules``) the model has: the cost model lets a
+    module a block lacks do nothing, while Megatron-Core refuses ``mla_up_proj`` without MLA and ``moe_act``
+    without grouped (MoE) GEMMs (TransformerConfig.__post_init__)."""
+    m = plan.model
+    has = {"mla_up_proj": m.mla is not None, "moe_act": m.moe is not None, "moe": m.moe is not None,
+           "shared_experts": m.moe is not None and m.moe.shared_width > 0}
+    return tuple(name for name in plan.stack.recompute_modules if has.get(name, True))
+
+
+def _fp8_arguments(plan: Plan) -> list[Argument]:
+    """fp8 as Transformer Engine's hybrid format; per-tensor current scaling where the exported recomputation
+    reruns ``moe_act`` or ``layernorm``, which Megatron-Core refuses under its default delayed scaling."""
+    args = [_arg("--bf16", None, f"{PARALLEL}.bf16"), _arg("--fp8-format", "hybrid", f"{TRANSFORMER}.fp8")]
+    reruns = {a.value for a in _recompute_arguments(plan) if a.flag == "--recompute-modules"}
+    if any(name in value.split() for value in reruns for name in ("moe_act", "layernorm")):
+        args.append(_arg("--fp8-recipe", "tensorwise", f"{TRANSFORMER}.fp8_recipe"))
+    return args
 
 
 def megatron_arguments(plan: Plan) -> list[Argument]:
@@ -273,9 +314,8 @@ def megatron_arguments(plan: Plan) -> list[Argument]:
             args.append(_arg("--overlap-param-gather", None, f"{DDP}.overlap_param_gather"))
     precision = {"bf16": [_arg("--bf16", None, f"{PARALLEL}.bf16")],
                  "fp16": [_arg("--fp16", None, f"{PARALLEL}.fp16")],
-                 "fp8": [_arg("--bf16", None, f"{PARALLEL}.bf16"), _arg("--fp8-format", "hybrid", f"{TRANSFORMER}.fp8")],
                  "fp32": []}
-    args += precision[t.precision]
+    args += _fp8_arguments(plan) if t.precision == "fp8" else precision[t.precision]
     if plan.stack is not None and plan.stack.tp_comm_overlap > 0 and plan.tp > 1 and plan.sequence_parallel:
         args.append(_arg("--tp-comm-overlap", None, f"{PARALLEL}.tp_comm_overlap"))
     full = any(s.full_recompute for s in plan.stages)  # Megatron refuses the EP overlap with full recomputation

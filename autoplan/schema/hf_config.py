@@ -16,8 +16,10 @@ routed experts of ``moe_intermediate_size`` plus one sigmoid-gated shared expert
 experts with sigmoid scores and shared experts; ``num_nextn_predict_layers`` multi-token-prediction
 modules, ``mtp_layers``; YaRN RoPE kept on ``mla.rope_scaling``). Qwen's ``mlp_only_layers`` and
 ``decoder_sparse_step`` must make the dense blocks one leading run (then every step-th block is MoE);
-another pattern is refused. DeepSeek's group-limited routing (``n_group``, ``topk_group``) changes which
-experts a token goes to, not the shapes or the cost: it is read (type-checked) and not kept. The numbers
+another pattern is refused. DeepSeek's group-limited routing (``n_group``, ``topk_group``; V2 under
+``topk_method: group_limited_greedy`` only) is kept as ``moe.router_groups`` / ``moe.router_group_topk``: it
+changes which experts a token goes to, not the shapes, but under a node-deduplicating dispatcher it bounds the
+nodes a token crosses the network to. The numbers
 of experts are read under every name the config classes accept (``num_local_experts``, ``num_experts``,
 ``n_routed_experts``: ``save_pretrained`` of transformers 5 writes Qwen3-MoE's as ``num_local_experts``).
 ``deepseek_v2`` maps as V3 does, with softmax routing (greedy or group-limited) and no MTP module.
@@ -150,6 +152,7 @@ _ABSENT: dict[str, dict[str, Any]] = {
                     "n_routed_experts": 64, "num_experts_per_tok": None, "moe_intermediate_size": 1407,
                     "n_shared_experts": 2, "first_k_dense_replace": 0, "norm_topk_prob": False,
                     "routed_scaling_factor": 1.0, "aux_loss_alpha": 0.001, "num_nextn_predict_layers": 0,
+                    "n_group": None, "topk_group": None, "topk_method": "greedy",
                     "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                     "v_head_dim": 128},
     "gpt_oss": {"num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
@@ -159,6 +162,7 @@ _ABSENT: dict[str, dict[str, Any]] = {
                     "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
                     "n_shared_experts": 1, "first_k_dense_replace": 3, "norm_topk_prob": True,
                     "routed_scaling_factor": 2.5, "aux_loss_alpha": 0.0, "num_nextn_predict_layers": 1,
+                    "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
                     "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                     "v_head_dim": 128},
 }
@@ -666,9 +670,7 @@ def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec
                 if data[key] not in allowed:
                     raise SpecError(f"{p}: {key}: {_show(data[key])} is not {family}'s (it has "
                                     f"{' or '.join(map(_show, allowed))}); write {_show(allowed[0])}")
-        for key in ("n_group", "topk_group"):  # group-limited routing: which experts, not shapes or cost
-            if key in data:
-                _check_value(p, key, data[key], _MOE[key], False)
+        groups, group_topk = _router_groups(p, data, family, experts, top_k)
         first = get("first_k_dense_replace")
         if first >= num_layers:
             raise SpecError(f"{p}: first_k_dense_replace: {first} leaves no MoE block in {num_layers} layers")
@@ -676,7 +678,8 @@ def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec
                        first_dense_layers=first, router="sigmoid" if family == "deepseek_v3" else "softmax",
                        normalize_top_k=get("norm_topk_prob"),
                        routed_scaling_factor=float(get("routed_scaling_factor")),
-                       aux_loss_coefficient=float(get("aux_loss_alpha")))
+                       aux_loss_coefficient=float(get("aux_loss_alpha")), router_groups=groups,
+                       router_group_topk=group_topk)
     first, step = _leading_dense(p, data, family, num_layers)
     shared = dict(num_shared_experts=1, shared_expert_ffn_size=get("shared_expert_intermediate_size"),
                   shared_expert_gate=True) if family == "qwen2_moe" else {}
@@ -685,12 +688,30 @@ def _moe(p: Path, data: dict[str, Any], family: str, num_layers: int) -> MoESpec
                    **shared)
 
 
+def _router_groups(p: Path, data: dict[str, Any], family: str, experts: int, top_k: int) -> tuple[int, int]:
+    """(router_groups, router_group_topk) of a DeepSeek config: V3's ``noaux_tc`` always draws a token's experts
+    from its ``topk_group`` best of ``n_group`` groups, V2 only under ``topk_method: group_limited_greedy``
+    (greedy ignores the groups); (1, 1) where the groups restrict nothing. They matter to the cost: under a
+    node-deduplicating dispatcher a token reaches at most topk_group nodes when a group is one node's experts."""
+    groups, group_topk = (_moe_get(p, data, family, key) for key in ("n_group", "topk_group"))
+    if data.get("topk_method", _ABSENT[family]["topk_method"]) == "greedy" or groups is None:
+        return 1, 1
+    if experts % groups:
+        raise SpecError(f"{p}: n_group: {groups} does not divide the {experts} routed experts into equal groups")
+    if group_topk is None or group_topk > groups:
+        raise SpecError(f"{p}: topk_group: {_show(group_topk)} must be a number of groups from 1 to n_group={groups}")
+    if group_topk * experts // groups < top_k:
+        raise SpecError(f"{p}: topk_group: {group_topk} of {groups} groups open {group_topk * experts // groups} "
+                        f"experts, fewer than num_experts_per_tok={top_k}")
+    return (1, 1) if group_topk == groups else (groups, group_topk)
+
+
 _DEEPSEEK_ROUTING: dict[str, dict[str, tuple[Any, ...]]] = {
     "deepseek_v2": {"scoring_func": ("softmax",), "topk_method": ("greedy", "group_limited_greedy")},
     "deepseek_v3": {"scoring_func": ("sigmoid",), "topk_method": ("noaux_tc",)},
 }
 """The routing each DeepSeek family's modelling code computes (the first value is its config class's
-default). Group-limited choice changes which experts a token goes to, not the shapes or the cost."""
+default). Group-limited choice is read by ``_router_groups``."""
 
 
 def _deepseek(p: Path, data: dict[str, Any], name: str) -> ModelSpec:

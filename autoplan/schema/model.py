@@ -316,7 +316,9 @@ class ModelSpec:
                                              ("expert biases (moe.expert_bias)", moe.expert_bias),
                                              ("a shared-expert gate (moe.shared_expert_gate)", moe.shared_expert_gate),
                                              ("an expert capacity factor (moe.capacity_factor)",
-                                              moe.capacity_factor is not None)) if has]
+                                              moe.capacity_factor is not None),
+                                             ("group-limited routing (moe.router_groups, moe.router_group_topk)",
+                                              moe.group_limited)) if has]
         return ", ".join(parts) if parts else None
 
     def position_rows(self, seq_len: int | None = None) -> int:

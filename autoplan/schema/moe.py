@@ -7,6 +7,8 @@ experts see every token (DeepSeek-V2/V3, Qwen2-MoE), held as one dense SwiGLU ML
 expert width (``shared_expert_ffn_size`` when a model gives it separately, as Qwen2-MoE does). The first
 ``first_dense_layers`` blocks keep a dense MLP of the model's ``ffn_hidden_size`` (DeepSeek-V3: 3), and
 past them every ``layer_frequency``-th block is an MoE block (Qwen2-MoE's ``decoder_sparse_step``).
+Group-limited routing (DeepSeek-V2/V3: ``router_groups``, ``router_group_topk``) draws a token's top-k among the
+experts of its best groups; it changes no shape, but a node-deduplicating dispatcher's cost reads it.
 
 Multi-head latent attention (DeepSeek-V2/V3, ``MLASpec``) replaces the q/k/v projections by low-rank
 ones: q = W_qb norm(W_qa x) (or W_q x without ``q_lora_rank``), [k_nope, v] = W_kvb norm(W_kva x) with a
@@ -62,6 +64,25 @@ class MoESpec:
     """GPT-OSS: a bias on the router."""
     expert_bias: bool = False
     """GPT-OSS: biases on the experts' projections."""
+    router_groups: int = 1
+    """Group-limited routing (DeepSeek-V2/V3's ``n_group``, Megatron-Core's ``moe_router_num_groups``): the
+    experts fall in this many equal groups, and a token's top-k is drawn among the experts of its
+    ``router_group_topk`` best groups. It changes which experts a token reaches, and so its cost under a
+    node-deduplicating dispatcher when a group is the experts of one node: a token crosses the network to at
+    most ``router_group_topk`` nodes (DeepSeek-V3 sec. 2.1.2 / 3.2.2, cost/comm.py ``routed_copies``). 1: no
+    groups (every expert open to every token)."""
+    router_group_topk: int = 1
+    """The groups a token's experts come from (``topk_group``, ``moe_router_group_topk``; DeepSeek-V3: 4 of 8)."""
+
+    def defaults_omitted(self) -> dict[str, int]:
+        """The routing groups are left out of files while unused, so model files, plans and fingerprints written
+        before the fields existed stay byte-identical (schema/_io.py ``to_dict``)."""
+        return {"router_groups": 1, "router_group_topk": 1}
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether the groups restrict a token's experts (fewer chosen groups than groups)."""
+        return self.router_group_topk < self.router_groups
 
     def validate(self) -> None:
         require_range(self, "num_experts", 1, 2**16)
@@ -79,6 +100,14 @@ class MoESpec:
             require(0 < self.capacity_factor <= 64, "capacity_factor",
                     f"{self.capacity_factor} must be in (0, 64], or null for dropless routing")
         require(0 <= self.aux_loss_coefficient < 1, "aux_loss_coefficient", "must be in [0, 1) (0.001-0.01 usually)")
+        require_range(self, "router_groups", 1, self.num_experts)
+        require(self.num_experts % self.router_groups == 0, "router_groups",
+                f"{self.router_groups} does not divide the {self.num_experts} experts into equal groups")
+        require_range(self, "router_group_topk", 1, self.router_groups)
+        open_experts = self.router_group_topk * self.num_experts // self.router_groups
+        require(self.experts_per_token <= open_experts, "router_group_topk",
+                f"{self.router_group_topk} of {self.router_groups} groups open {open_experts} experts, fewer than "
+                f"experts_per_token={self.experts_per_token}")
 
     @property
     def shared_width(self) -> int:

@@ -133,8 +133,11 @@ class ParallelConfig:
     def ep_overlap_possible(self) -> bool:
         """A stack that overlaps the EP all-to-alls with the paired micro-batch's kernels can on this
         configuration: Megatron-Core's ``overlap_moe_expert_parallel_comm`` needs expert parallelism and, under
-        pp > 1, interleaved stages (TransformerConfig.__post_init__; it also refuses full recomputation)."""
-        return self.ep > 1 and (self.pp == 1 or self.schedule == "interleaved")
+        pp > 1, interleaved stages (TransformerConfig.__post_init__; it also refuses full recomputation).
+        DualPipe (``dualpipev``) pairs a forward and a backward chunk of two micro-batches on every rank so that
+        one's all-to-alls run under the other's compute, which is what it was built for (DeepSeek-V3 report,
+        arXiv 2412.19437 sec. 3.2.1); Megatron has no such schedule, and its export refuses dualpipev plans."""
+        return self.ep > 1 and (self.pp == 1 or self.schedule in ("interleaved", "dualpipev"))
 
     @property
     def dims(self) -> ParallelDims:

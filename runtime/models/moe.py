@@ -68,6 +68,9 @@ def check_runnable(spec: MoESpec) -> None:
         value = getattr(spec, field)
         if value not in (None, False):
             raise ValueError(f"moe.{field}: {value!r} is not supported by the runtime's MoE layer ({why})")
+    if spec.group_limited:
+        raise ValueError(f"moe.router_groups: {spec.router_groups} (top {spec.router_group_topk}) is not supported by "
+                         "the runtime's MoE layer (its top-k runs over every expert)")
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

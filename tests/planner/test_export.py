@@ -293,3 +293,64 @@ def test_megatron_export_turns_on_the_expert_overlap_its_stack_priced():
                                                          for s in interleaved.stages))
     for plan in (plain, full, dataclasses.replace(interleaved, stack=load_stack("autoplan"))):
         assert "--overlap-moe-expert-parallel-comm" not in {a.flag for a in megatron_arguments(plan)}
+
+
+NEW_MOE_FLAGS = ("--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--recompute-modules",
+                 "--fp8-recipe", "--moe-router-num-groups", "--moe-router-group-topk")
+
+
+def _selective(plan):
+    """``plan`` with every block of every stage recomputed selectively."""
+    return dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, selective_recompute=tuple(range(*s.layers)))
+                                                  for s in plan.stages))
+
+
+def test_megatron_export_writes_the_dispatcher_recompute_modules_and_router_groups_its_stack_priced():
+    """A plan priced on megatron-deepep (ep_dispatcher deduplicated, selective_recompute modules) exports the flex
+    dispatcher on DeepEP and the stack's --recompute-modules, less the modules the model lacks (Megatron-Core
+    refuses mla_up_proj without MLA and moe_act without grouped GEMMs); under fp8 with moe_act or layernorm
+    rerun, per-tensor current scaling (Megatron refuses those under its default delayed scaling). DeepSeek-V3's
+    group-limited routing is written as --moe-router-num-groups / --moe-router-group-topk. A plan on the default
+    stack keeps the all-to-all dispatcher and plain selective recomputation. Each new flag is its field's name."""
+    from autoplan.schema import load_stack
+
+    fields, deepep = _core_fields(), load_stack("megatron-deepep")
+    deepseek = _selective(_moe_plan("deepseek-v3", tp=2, sequence_parallel=True, dp=32, ep=64))
+    deepseek = dataclasses.replace(deepseek, stack=deepep,
+                                   training=dataclasses.replace(deepseek.training, precision="fp8"))
+    qwen = dataclasses.replace(_selective(_moe_plan("qwen3-30b-a3b", ep=8)), stack=deepep)
+    d, q = megatron_arguments(deepseek), megatron_arguments(qwen)
+    for a in (*d, *q):
+        if a.field is not None:
+            cls, field = a.field.split(".")
+            assert field in fields[cls], a
+            if a.flag in NEW_MOE_FLAGS:  # Megatron-LM 0.16's arguments are the config fields with dashes
+                assert a.flag[2:].replace("-", "_") == field, a
+    d, q = {a.flag: a.value for a in d}, {a.flag: a.value for a in q}
+    for args in (d, q):
+        assert (args["--moe-token-dispatcher-type"], args["--moe-flex-dispatcher-backend"]) == ("flex", "deepep")
+        assert args["--recompute-granularity"] == "selective"
+    assert d["--recompute-modules"] == " ".join(deepep.recompute_modules) == "mla_up_proj layernorm moe_act"
+    assert q["--recompute-modules"] == "layernorm moe_act" and "--fp8-recipe" not in q  # bf16
+    assert d["--fp8-recipe"] == "tensorwise"
+    assert (d["--moe-router-num-groups"], d["--moe-router-group-topk"]) == ("8", "4")
+    assert "--moe-router-num-groups" not in q and "--moe-router-group-topk" not in q
+    plain = {a.flag: a.value for a in megatron_arguments(dataclasses.replace(qwen, stack=load_stack("autoplan")))}
+    assert plain["--moe-token-dispatcher-type"] == "alltoall" and "--moe-flex-dispatcher-backend" not in plain
+    assert plain["--recompute-granularity"] == "selective" and "--recompute-modules" not in plain
+    mla_only = dataclasses.replace(deepep, recompute_modules=("mla_up_proj",))
+    assert not any(a.flag.startswith("--recompute") for a in megatron_arguments(
+        dataclasses.replace(qwen, stack=mla_only)))  # nothing the model has: nothing dropped, as priced
+
+
+def test_megatron_export_refuses_dualpipev_whose_exchange_overlap_it_cannot_write():
+    """DualPipe hides the exchange in the planner's pricing (ParallelConfig.ep_overlap_possible); Megatron has no
+    such schedule, so the export refuses the plan rather than write an overlap it would not run."""
+    from autoplan.schema import load_stack
+
+    plan = dataclasses.replace(_moe_plan("qwen3-30b-a3b", pp=2, dp=4, ep=4), stack=load_stack("megatron"),
+                               schedule="dualpipev", virtual_stages=2, num_microbatches=4,
+                               stages=tuple(Stage(i, min(i, 3 - i), (12 * i, 12 * i + 12)) for i in range(4)))
+    assert plan.ep_overlap_possible
+    with pytest.raises(ExportError, match="^schedule: Megatron-LM runs 1F1B and interleaved 1F1B, not dualpipev"):
+        megatron_arguments(plan)

@@ -233,3 +233,47 @@ def test_a_deepep_workload_prices_every_moe_model():
         for stack in (DEEPEP, HAI):
             w = analytic_workload(load_model(name), H800, FP8, split, stack)
             assert w.block.ep_fwd_s > 0 and w.block.selective_saved_bytes < w.block.saved_bytes
+
+
+def test_deepseek_v3_spec_routes_group_limited_through_the_deduplicating_dispatcher():
+    """The shipped DeepSeek-V3 spec carries its 8 groups, top 4 (moe.router_groups, router_group_topk): on a
+    deduplicating dispatcher at ep 64 over 8 nodes each token crosses the network to at most 4 nodes, priced as
+    routed_copies' node limit; the same spec without groups pays for every node its experts lie on. The NCCL
+    all-to-all sends every copy either way, so its price does not depend on the groups."""
+    split = LayerSplit(1, ep=64)
+    cluster = dataclasses.replace(H800, num_nodes=8)
+    ops = moe_ops.routed_ops(DSV3, split, FP8, HAI)
+    assert {(x.groups, x.group_topk) for x in (*ops.dispatch_fwd, *ops.dispatch_bwd)} == {(8, 4)}
+    x = ops.dispatch_fwd[0]
+    nodes, ranks = routed_copies(256, 8, 64, 8, node_limit=4)
+    expected = hierarchical_exchange_s(cluster, x.rows * x.row_bytes * nodes, x.rows * x.row_bytes * ranks, 64)
+    assert routed_exchange_s(x, cluster, split.dims) == pytest.approx(expected, rel=1e-12)
+    ungrouped = dataclasses.replace(DSV3, moe=dataclasses.replace(DSV3.moe, router_groups=1, router_group_topk=1))
+    free = moe_ops.routed_ops(ungrouped, split, FP8, HAI)
+    assert {(x.groups, x.group_topk) for x in free.dispatch_fwd} == {(0, 0)}
+    grouped_s = layer_cost(ops, cluster, FP8, HAI, split.dims).ep_fwd_s
+    assert grouped_s < layer_cost(free, cluster, FP8, HAI, split.dims).ep_fwd_s
+    nccl = [layer_cost(moe_ops.routed_ops(m, split, FP8, MEGATRON), cluster, FP8, MEGATRON, split.dims).ep_fwd_s
+            for m in (DSV3, ungrouped)]
+    assert nccl[0] == nccl[1]
+
+
+def test_dualpipev_hides_the_exchange_of_a_stack_that_overlaps_it():
+    """DualPipe runs one micro-batch's all-to-alls under the paired one's compute (DeepSeek-V3 sec. 3.2.1):
+    ep_overlap_possible holds for dualpipev at any pp, as for interleaved; plain 1F1B and zbv under pp > 1 do not
+    (Megatron-Core's condition), and without ep there is nothing to hide."""
+    from autoplan.cost.workload import with_exposed_exchange
+    from autoplan.schema.plan import ParallelConfig
+
+    base = dict(tp=1, pp=4, dp=2, cp=1, ep=8, etp=1, sequence_parallel=False, zero_stage=1,
+                offload_optimizer=False, micro_batch_size=1, num_microbatches=8)
+    config = {s: ParallelConfig(**base, schedule=s, virtual_stages=v)
+              for s, v in (("dualpipev", 2), ("zbv", 2), ("1f1b", 1), ("interleaved", 2))}
+    assert config["dualpipev"].ep_overlap_possible and config["interleaved"].ep_overlap_possible
+    assert not config["zbv"].ep_overlap_possible and not config["1f1b"].ep_overlap_possible
+    assert not dataclasses.replace(config["dualpipev"], ep=1).ep_overlap_possible
+    w = analytic_workload(DSV3, dataclasses.replace(H800, num_nodes=8), FP8, LayerSplit(1, ep=8), HAI)
+    assert w.block.ep_hideable_fwd_s > 0
+    assert with_exposed_exchange(w, config["dualpipev"]).block.ep_fwd_s == \
+        pytest.approx(w.block.ep_fwd_s - w.block.ep_hideable_fwd_s, rel=1e-12)
+    assert with_exposed_exchange(w, config["zbv"]) is w

@@ -258,6 +258,9 @@ def test_tiny_configs_count_what_transformers_builds(tmp_path, label):
         assert spec.mtp_layers == 1  # DeepseekV3Config's default, written as num_nextn_predict_layers
     if label.startswith("deepseek_v2"):
         assert spec.mtp_layers == 0 and spec.moe.router == "softmax"
+    if label.startswith("deepseek"):  # n_group 2, topk_group 1: kept where the class's routing reads them
+        routed_by_groups = label.startswith("deepseek_v3") or "group-limited" in label
+        assert (spec.moe.router_groups, spec.moe.router_group_topk) == ((2, 1) if routed_by_groups else (1, 1))
     if label == "gpt_oss":  # windows on blocks 0 and 2, full attention on 1 and 3, as layer_types says
         assert [spec.is_windowed(i) for i in range(4)] == [t == "sliding_attention" for t in config.layer_types]
         assert spec.runtime_refusal() is not None
@@ -296,6 +299,10 @@ REFUSED = {
     "greedy top-k": (dict(DEEPSEEK_V3, topk_method="greedy"), "topk_method: \"greedy\" is not deepseek_v3's"),
     "MoE every other block": (dict(DEEPSEEK_V3, moe_layer_freq=2), "moe_layer_freq: 2 is not deepseek_v3's"),
     "n_group as a float": (dict(DEEPSEEK_V3, n_group=8.0), "n_group: 8.0 is not an integer"),
+    "n_group not dividing the experts": (dict(DEEPSEEK_V3, n_group=7), "n_group: 7 does not divide the 256 routed"),
+    "topk_group above n_group": (dict(DEEPSEEK_V3, topk_group=9), "topk_group: 9 must be a number of groups from 1"),
+    "groups opening fewer than top-k": (dict(DEEPSEEK_V3, n_group=64, topk_group=1),
+                                        "topk_group: 1 of 64 groups open 4 experts, fewer than num_experts_per_tok=8"),
     "kv heads other than heads": (dict(DEEPSEEK_V3, num_key_value_heads=8), "num_key_value_heads: 8 is not"),
     "attention bias": (dict(DEEPSEEK_V3, attention_bias=True), "attention_bias: true is not supported"),
     "linear rope": (dict(DEEPSEEK_V3, rope_scaling={"type": "linear", "factor": 2.0}),
@@ -317,10 +324,14 @@ def test_what_a_spec_cannot_express_is_one_line(tmp_path, label, capsys):
     assert len(err.splitlines()) == 1 and "config.json" in err
 
 
-def test_group_limited_routing_is_accepted_and_changes_nothing(tmp_path):
+def test_group_limited_routing_is_kept_and_changes_no_shape(tmp_path):
+    """n_group / topk_group change which experts a token reaches, not the parameters: the spec keeps them (the
+    deduplicating dispatcher's cost reads them) and counts as without them."""
     a = spec_from_hf_config(write(tmp_path, DEEPSEEK_V3, "a.json"), name="x")
     b = spec_from_hf_config(write(tmp_path, dict(DEEPSEEK_V3, n_group=1, topk_group=1), "b.json"), name="x")
-    assert a == b
+    assert (a.moe.router_groups, a.moe.router_group_topk, b.moe.router_groups, b.moe.router_group_topk) == (8, 4, 1, 1)
+    assert dataclasses.replace(a, moe=dataclasses.replace(a.moe, router_groups=1, router_group_topk=1)) == b
+    assert (a.total_params(), a.active_params()) == (b.total_params(), b.active_params())
 
 
 @pytest.mark.parametrize(("config", "total", "active_without_embedding"), [
@@ -343,3 +354,52 @@ def test_gpt_oss_and_deepseek_v2_configs_count_the_published_totals(tmp_path, co
         assert spec.o_bias and spec.qkv_bias and spec.attention_sinks and spec.moe.router_bias
     else:
         assert spec.moe.router == "softmax" and spec.mla.rope_scaling.factor == 40 and spec.mtp_layers == 0
+
+
+# ------------------------------------------------------------------------ group-limited routing
+def test_group_limited_routing_is_read_from_deepseek_configs(tmp_path):
+    """DeepSeek-V3 always routes within its topk_group best of n_group groups (absent: the class's 8 and 4);
+    DeepSeek-V2 only under topk_method group_limited_greedy (the Hub's 8 and 3), greedy ignores the groups; groups
+    that restrict nothing (topk_group = n_group) are the defaults, left out of files."""
+    def groups(config: dict) -> tuple[int, int]:
+        moe = spec_from_hf_config(write(tmp_path, config)).moe
+        return moe.router_groups, moe.router_group_topk
+
+    assert groups(DEEPSEEK_V3) == (8, 4)
+    assert groups({k: v for k, v in DEEPSEEK_V3.items() if k not in ("n_group", "topk_group")}) == (8, 4)
+    assert groups(dict(DEEPSEEK_V3, n_group=8, topk_group=8)) == (1, 1)
+    assert groups(DEEPSEEK_V2) == (8, 3)
+    assert groups(dict(DEEPSEEK_V2, topk_method="greedy")) == (1, 1)
+    assert groups({k: v for k, v in DEEPSEEK_V2.items() if k != "topk_method"}) == (1, 1)  # the class's greedy
+
+
+def test_router_groups_validate_and_are_left_out_of_files_at_their_defaults():
+    """Groups must split the experts evenly, the chosen groups be at most the groups and hold top-k experts; each
+    a one-line error naming the field. Specs without groups write no group fields, so their files and plans'
+    fingerprints are as before; DeepSeek-V3's round-trip."""
+    deepseek = load_model("deepseek-v3")
+    for change, message in ((dict(router_groups=7), "^moe.router_groups: 7 does not divide the 256 experts"),
+                            (dict(router_group_topk=9), "^moe.router_group_topk: 9 must be at most 8"),
+                            (dict(router_group_topk=0), "^moe.router_group_topk: 0 must be at least 1"),
+                            (dict(router_groups=64, router_group_topk=1),
+                             "^moe.router_group_topk: 1 of 64 groups open 4 experts, fewer than experts_per_token=8")):
+        with pytest.raises(SpecError, match=message) as err:
+            dataclasses.replace(deepseek, moe=dataclasses.replace(deepseek.moe, **change)).validate()
+        assert "\n" not in str(err.value)
+    for name in MOE_MODELS:
+        moe = to_dict(load_model(name))["moe"]
+        grouped = name == "deepseek-v3"
+        assert ("router_groups" in moe, "router_group_topk" in moe) == (grouped, grouped), name
+    assert (deepseek.moe.router_groups, deepseek.moe.router_group_topk) == (8, 4)
+    assert from_dict(ModelSpec, to_dict(deepseek)) == deepseek
+
+
+def test_the_runtime_refuses_group_limited_routing():
+    """runtime/models/moe.py routes top-k over every expert: a group-limited spec is refused in one line naming
+    the fields, an ungrouped one is not refused for routing."""
+    qwen = load_model("qwen3-30b-a3b")
+    grouped = dataclasses.replace(qwen, moe=dataclasses.replace(qwen.moe, router_groups=8, router_group_topk=4))
+    grouped.validate()
+    assert qwen.runtime_refusal() is None
+    assert grouped.runtime_refusal() == "group-limited routing (moe.router_groups, moe.router_group_topk)"
+    assert "moe.router_groups" in load_model("deepseek-v3").runtime_refusal()

@@ -240,7 +240,7 @@ def test_matches_transformers_deepseek_v3():
 
 
 @pytest.mark.parametrize("field,value", [("capacity_factor", 1.25), ("router_bias", True), ("expert_bias", True),
-                                         ("shared_expert_gate", True)])
+                                         ("shared_expert_gate", True), ("router_groups", 2)])
 def test_refuses_what_it_does_not_compute(field, value):
     """A spec may describe GPT-OSS or a capacity factor for the planner; the runtime's layer says it cannot
     run it rather than silently computing another layer."""
