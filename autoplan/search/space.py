@@ -48,7 +48,7 @@ from autoplan.cost.profile_ops import allowed_tp_sizes
 from autoplan.cost.stage_table import Config
 from autoplan.cost.workload import LayerSplit
 from autoplan.errors import SpecError
-from autoplan.schema import Cluster, ModelSpec, ParallelDims, TrainingSetup
+from autoplan.schema import Cluster, ModelSpec, ParallelDims, StackProfile, TrainingSetup
 from autoplan.schema.plan import context_parallel_refusal, expert_parallel_refusal, parallel_dimensions
 from autoplan.schema.schedule import ZERO_BUBBLE
 
@@ -103,6 +103,18 @@ class SearchLimits:
     configurations about eight-fold for a few per cent of step time (benchmarks/plan_speed.py measures
     the search). With too few sequences it pays a lot: llama3-405b on 16,384 GPUs with 1,024 sequences
     gains most of a factor of two from cp 4."""
+
+
+def stack_limits(stack: StackProfile, pinned: str | None = None, limits: SearchLimits | None = None) -> SearchLimits:
+    """``limits`` (default ones) with only the schedules ``stack`` runs (``StackProfile.schedules``); a pinned
+    schedule outside them refused in one line."""
+    limits = limits or SearchLimits()
+    if not stack.schedules:
+        return limits
+    if pinned is not None and pinned not in stack.schedules:
+        raise SpecError(f"--schedule: {pinned} is not a schedule the {stack.name} stack runs; use one of "
+                        f"{', '.join(stack.schedules)}, or another --stack")
+    return dataclasses.replace(limits, schedules=tuple(s for s in limits.schedules if s in stack.schedules))
 
 
 def check_size(model, cluster: Cluster, training: TrainingSetup) -> None:

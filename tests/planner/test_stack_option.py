@@ -65,3 +65,22 @@ def test_an_unknown_stack_is_one_line(capsys):
     assert main([*ESTIMATE, "--stack", "deepspeed"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("autoplan estimate: error: --stack: deepspeed:")
+
+
+def test_a_stack_is_searched_only_over_the_schedules_it_runs(tmp_path, capsys):
+    """Megatron-Core runs 1F1B and interleaved only: a megatron plan never names a schedule Megatron cannot
+    run (the default stack, this runtime, picks a zero-bubble one for the same job), and a pinned one it
+    cannot run is one line."""
+    job = ["plan", "llama3-8b", "--cluster", "dgx-h100-80gb", "--nodes", "1", "--global-batch-size", "32",
+           "--pp", "8", "--tp", "1"]
+    chosen = {}
+    for stack in ("autoplan", "megatron"):
+        out = tmp_path / f"{stack}.yaml"
+        assert main([*job, "--stack", stack, "-o", str(out)]) == 0
+        chosen[stack] = load_plan(out).schedule
+    assert chosen["megatron"] in load_stack("megatron").schedules == ("1f1b", "interleaved")
+    assert chosen["autoplan"] not in ("1f1b", "interleaved")  # so the restriction is what changed the choice
+    capsys.readouterr()
+    assert main([*job, "--stack", "megatron", "--schedule", "zbv"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--schedule: zbv is not a schedule the megatron stack runs" in err
