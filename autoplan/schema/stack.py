@@ -102,6 +102,10 @@ class StackProfile:
     compute (Megatron-Core's ``overlap_moe_expert_parallel_comm``: in the 1F1B steady state one micro-batch's
     dispatch and combine overlap the paired micro-batch's forward or backward kernels, DualPipe likewise);
     hidden up to the other direction's kernel time (cost/layer_ops.py ``layer_cost``). 0: each waits."""
+    schedules: tuple[Literal["gpipe", "1f1b", "interleaved", "zb1p", "zbv", "dualpipev"], ...] = ()
+    """The pipeline schedules the stack can run: ``autoplan plan`` searches only these, and refuses a pinned
+    ``--schedule`` outside them in one line (Megatron-Core runs 1F1B and its interleaved form only:
+    pipeline_parallel/schedules.py ``get_forward_backward_func``). Empty: every schedule the planner knows."""
     weight_backward_reruns: bool = True
     """Under a schedule that splits backwards (zero bubble), a fully recomputed block reruns its forward once
     per weight group in the weight backward: torch 2.13's ``stage_backward_weight`` (pipelining/_backward.py)
