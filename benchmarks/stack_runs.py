@@ -19,7 +19,8 @@ the stack (schema/stack.py ``fitted``), and only to these runs and the dev set:
 * the torchtitan stacks (one value shared by the three: the same kernels, allocator and runtime):
   ``gemm_efficiency``, ``attention_efficiency`` and, for the async-TP stack, ``tp_comm_overlap``, by
   Nelder-Mead on the squared log error of tokens/s per GPU; ``allocator_cache`` by a scan on the squared
-  log error of peak reserved memory;
+  log error of peak reserved memory over the runs without pipelining, then ``pipeline_allocator_cache``
+  (the allocator's added cache on a pipelined rank's dynamic memory) over the pipelined runs;
 * ``megatron``: ``tp_comm_overlap`` over the NeMo runs (their recipes run Transformer Engine's TP overlap);
 * ``megatron-lm``: ``gemm_efficiency`` over the dev set (benchmarks/dev_set.py).
 Leave-one-out: each run is predicted with the parameters refitted without it, and its error printed.
@@ -134,9 +135,13 @@ def predict(run: dict, stack: StackProfile) -> dict:
         predicted, _, _ = estimate_layout(fn, cluster, training, layout_of(config, shapes))
     full = sum(s.full for s in shapes)
     sel = sum(s.selective for s in shapes)
+    m = predicted.memory
     return {"tokens_per_s_per_gpu": predicted.tokens_per_s / cluster.num_devices,
-            "memory_gib": predicted.memory.reserved_gib, "fits": predicted.peak_memory_gib <= predicted.capacity_gib,
-            "capacity_gib": predicted.capacity_gib, "recompute": f"full {full} sel {sel}"}
+            "memory_gib": m.reserved_gib, "fits": predicted.peak_memory_gib <= predicted.capacity_gib,
+            "capacity_gib": predicted.capacity_gib, "recompute": f"full {full} sel {sel}",
+            # what the reserved figure is made of (estimate.reserved_bytes), for the cache fits
+            "allocated_gib": m.total_gib, "dynamic_gib": m.activations_gib + m.buffers_gib,
+            "device_gib": cluster.device.memory_gib, "pp": config.pp}
 
 
 def errors(runs: list[dict], stacks: dict[str, StackProfile]) -> list[dict]:
@@ -254,13 +259,29 @@ def fit_throughput(runs: list[dict], stacks: dict[str, StackProfile],
     return {f: round(float(v), 3) for f, v in values(res.x).items()}
 
 
-def fit_cache(runs: list[dict], stacks: dict[str, StackProfile]) -> float:
-    """The torchtitan stacks' allocator cache minimising the squared log error of peak reserved memory,
-    scanned over 0 to 1 in steps of 0.01."""
+def _reserved_gib(p: dict, cache: float, pipeline_cache: float) -> float:
+    """A prediction's reserved memory with these cache shares (cost/estimate.py ``reserved_bytes``): neither
+    share changes what is allocated, so one prediction serves every value scanned."""
+    extra = pipeline_cache * p["dynamic_gib"] if p["pp"] > 1 else 0.0
+    return min(p["allocated_gib"] * (1 + cache) + extra, p["device_gib"])
+
+
+def fit_cache(runs: list[dict], stacks: dict[str, StackProfile]) -> dict[str, float]:
+    """The torchtitan stacks' allocator cache shares minimising the squared log error of peak reserved memory,
+    each scanned in steps of 0.01: ``allocator_cache`` (0 to 1) over the runs without pipelining, then
+    ``pipeline_allocator_cache`` (0 to 2) over the pipelined runs with that cache (it reads pp > 1 only, so
+    the runs without pipelining fix the first alone)."""
     runs = [r for r in runs if r["stack"] in TORCHTITAN and r["published"].get("memory_gib")]
-    grid = [i / 100 for i in range(101)]
-    best = min(grid, key=lambda r: _log_error_sq(runs, _with(stacks, {"allocator_cache": r}), "memory_gib"))
-    return best
+    base = [(r["published"]["memory_gib"], predict(r, stacks[r["stack"]])) for r in runs]
+
+    def error(rows, cache: float, share: float) -> float:
+        return sum(math.log(_reserved_gib(p, cache, share) / published) ** 2 for published, p in rows)
+
+    flat = [(published, p) for published, p in base if p["pp"] == 1]
+    piped = [(published, p) for published, p in base if p["pp"] > 1]
+    cache = min((i / 100 for i in range(101)), key=lambda c: error(flat, c, 0.0)) if flat else 0.0
+    share = min((i / 100 for i in range(201)), key=lambda s: error(piped, cache, s)) if piped else 0.0
+    return {"allocator_cache": cache, "pipeline_allocator_cache": share}
 
 
 def scan(error_of_value, bounds: tuple[float, float]) -> float:
@@ -315,10 +336,10 @@ def _loo_lines(names: list[str], refit, predict_one) -> tuple[list[str], list[fl
 def fit_report(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
     """The fitted values on all the runs, and each run's error with the values refitted without it."""
     throughput = fit_throughput(runs, stacks)
-    reserve = fit_cache(runs, stacks)
+    caches = fit_cache(runs, stacks)
     lines = [f"torchtitan, torchtitan-compile, torchtitan-compile-async-tp: fitted on their "
              f"{sum(r['stack'] in TORCHTITAN for r in runs)} runs: "
-             + ", ".join(f"{k} {v}" for k, v in throughput.items()) + f", allocator_cache {reserve}",
+             + ", ".join(f"{k} {v}" for k, v in {**throughput, **caches}.items()),
              "leave-one-out (each run predicted with the parameters refitted without it):",
              f"{'run':52s} {'throughput error':>16s} {'memory error':>13s}  refitted"]
     t_errors, m_errors = [], []
@@ -326,7 +347,7 @@ def fit_report(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
         if run["stack"] not in TORCHTITAN:
             continue
         rest = runs[:i] + runs[i + 1:]
-        values = {**fit_throughput(rest, stacks, start=throughput), "allocator_cache": fit_cache(rest, stacks)}
+        values = {**fit_throughput(rest, stacks, start=throughput), **fit_cache(rest, stacks)}
         p = predict(run, _with(stacks, values)[run["stack"]])
         t = p["tokens_per_s_per_gpu"] / run["published"]["tokens_per_s_per_gpu"] - 1
         m = p["memory_gib"] / run["published"]["memory_gib"] - 1 if run["published"].get("memory_gib") else None

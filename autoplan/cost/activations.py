@@ -97,6 +97,14 @@ def loss_transient_bytes_per_logit(e: int, fp32_copies: int) -> float:
     return max(4.0 * fp32_copies, 4.0 + e) - 4.0
 
 
+def kept_output_bytes_per_logit(e: int, stack: StackProfile) -> float:
+    """Bytes per logit on the rank the last stage keeps of every micro-batch until the step ends under
+    pipelining (``StackProfile.pipeline_keeps_outputs``: torch's ``output_chunks``): the model's output, the
+    e-byte logits, vocabulary-sharded under TP (loss parallel); 0 where the stack keeps none. Not a saved
+    activation: the loss saves its fp32 log-softmax, not the logits, so without this they die with the loss."""
+    return float(e) if stack.pipeline_keeps_outputs else 0.0
+
+
 def loss_fp32_copies(stack: StackProfile, tp: int) -> int:
     """The stack's fp32 logit-sized buffers at the loss's peak: vocabulary-parallel under TP (torch's
     ``loss_parallel``, Megatron's cross-entropy), whole logits otherwise."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.cost.evaluate import Evaluation, StageShape, evaluate, path_of, table_shapes
+from autoplan.cost.evaluate import Evaluation, RankMemory, StageShape, evaluate, path_of, table_shapes
 from autoplan.cost.local_params import local_params_per_rank
 from autoplan.cost.stage_table import Config, StageTable, rank_state_bytes, whole_grad_bytes
 from autoplan.cost.tables import build_table
 from autoplan.cost.workload import LayerCost, LayerSplit, Workload, WorkloadFn, with_exposed_exchange
 from autoplan.schema import (
-    Cluster, Layout, MemoryBreakdown, ModelSpec, Predicted, Stage, TimeBreakdown, TrainingSetup,
+    Cluster, Layout, MemoryBreakdown, ModelSpec, Predicted, Stage, StackProfile, TimeBreakdown, TrainingSetup,
 )
 from autoplan.schema.schedule import stage_rank
 
@@ -192,12 +192,22 @@ def _optimizer_s(t: StageTable, shapes: tuple[StageShape, ...], rank: int) -> fl
     return ns * 1e-9
 
 
+def reserved_bytes(mem: RankMemory, stack: StackProfile, pp: int) -> float:
+    """What the caching allocator holds reserved at the rank's peak when the device has room (what torchtitan
+    logs as ``max_memory_reserved``): the allocated peak, its ``allocator_cache`` share, and under pipelining
+    ``pipeline_allocator_cache`` of the dynamic memory (activations with the kept outputs, working buffers)."""
+    dynamic = mem.activations_bytes + mem.fixed_bytes
+    return mem.total_bytes * (1 + stack.allocator_cache) + (stack.pipeline_allocator_cache * dynamic if pp > 1 else 0)
+
+
 def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes: tuple[StageShape, ...],
                      ev: Evaluation, rank: int, cluster: Cluster) -> MemoryBreakdown:
     """The rank's memory by kind; ``shapes`` as a plan counts them. A MoE model's routed-expert states (sharded
     over edp) are ``expert_states_gib``, the other parameters' the weights, gradients and optimizer rows. The
     gradients include the whole gradients of the stages that hold them at the rank's peak (stage_table.py
-    ``whole_grads``; evaluate.RankMemory), the experts' among the expert states."""
+    ``whole_grads``; evaluate.RankMemory), the experts' among the expert states. The activations include the
+    last-stage outputs a stack keeps under pipelining (``RankMemory.kept_outputs_bytes``), which share their
+    reserve."""
     c = t.config
     stages = t.stages_of(rank)
     held = [(cost, count) for s in stages for cost, count in stage_layers(w, t, s, shapes[s].layers)]
@@ -221,6 +231,6 @@ def memory_breakdown(w: Workload, training: TrainingSetup, t: StageTable, shapes
         optimizer_gib=params * per_param.optimizer / GIB, activations_gib=mem.activations_bytes / GIB,
         buffers_gib=mem.fixed_bytes / GIB, reserve_gib=mem.reserve_bytes / GIB, total_gib=mem.total_bytes / GIB,
         runtime_gib=mem.baseline_bytes / GIB,
-        reserved_gib=min(mem.total_bytes * (1 + w.stack.allocator_cache) / GIB, cluster.device.memory_gib),
+        reserved_gib=min(reserved_bytes(mem, w.stack, c.pp) / GIB, cluster.device.memory_gib),
         expert_states_gib=(experts * per_expert + whole_experts * per_whole) / GIB,
     )

@@ -36,7 +36,8 @@ class StageShape:
 class RankMemory:
     states_bytes: int
     activations_bytes: int
-    """At the rank's peak: saved activations of the micro-batches in flight, plus recompute working memory."""
+    """At the rank's peak: saved activations of the micro-batches in flight, plus recompute working memory,
+    plus the last stage's outputs the stack keeps by then (``kept_outputs_bytes``, included here)."""
     fixed_bytes: int
     reserve_bytes: float
     baseline_bytes: int = 0
@@ -45,6 +46,9 @@ class RankMemory:
     """At the rank's peak: the whole gradients of the stages that hold them then (stage_table.whole_grads;
     ``whole_grad_stages``). Like the model states, no allocator reserve on them."""
     whole_grad_stages: tuple[int, ...] = ()
+    kept_outputs_bytes: int = 0
+    """Of ``activations_bytes``: the last-stage outputs kept at the peak (stage_table ``kept_output_bytes``
+    times the last-stage forwards completed by then), with the activations' reserve like them."""
 
     @property
     def total_bytes(self) -> float:
@@ -112,24 +116,27 @@ def recompute_transient(t: StageTable, shapes: tuple[StageShape, ...], rank: int
 
 def rank_memory(t: StageTable, shapes: tuple[StageShape, ...], rank: int, peaks: list[MemoryPeak]) -> RankMemory:
     """The rank's memory at the largest of its candidate peaks (simulate.memory_peaks): at each, the
-    activations of the micro-batches in flight (with the allocator's reserve) and the whole gradients live
-    then (without); the one with the largest total is the peak."""
+    activations of the micro-batches in flight and the last stage's outputs kept by then (with the
+    allocator's reserve) and the whole gradients live then (without); the one with the largest total is the
+    peak."""
     values = shape_values(shapes)
     stages = t.stages_of(rank)
     per_stage = {s: stage_activations(t, s).value(values) for s in stages}
     grads = {s: stage_whole_grads(t, s).value(values) for s in stages}
+    per_output = t.kept_output_bytes if t.num_stages - 1 in stages else 0
     scale = PERMILLE + t.reserve_permille
-    best, acts, whole, live = None, 0, 0, ()
+    best, acts, whole, live, outputs = None, 0, 0, (), 0
     for peak in peaks:
-        a = sum(c * per_stage[s] for s, c in peak.counts.items())
+        o = peak.kept_outputs * per_output
+        a = sum(c * per_stage[s] for s, c in peak.counts.items()) + o
         g = sum(grads[s] for s in peak.whole_grads)
         if best is None or PERMILLE * g + scale * a > best:
-            best, acts, whole = PERMILLE * g + scale * a, a, g
+            best, acts, whole, outputs = PERMILLE * g + scale * a, a, g, o
             live = tuple(sorted(s for s in peak.whole_grads if grads[s]))
     acts += recompute_transient(t, shapes, rank)
     fixed = rank_fixed_dynamic(t, rank)
     return RankMemory(rank_states(t, rank).value(values), acts, fixed, (acts + fixed) * t.reserve_permille / PERMILLE,
-                      t.baseline_bytes, whole, live)
+                      t.baseline_bytes, whole, live, outputs)
 
 
 def fits_in(t: StageTable, memory: RankMemory) -> bool:
@@ -147,7 +154,7 @@ def evaluate(t: StageTable, shapes: tuple[StageShape, ...]) -> Evaluation:
     wgt = [stage_wgt(t, s).value(values) for s in range(t.num_stages)] if t.split_backward else [0] * t.num_stages
     timeline = simulate(t.orders, [float(x) for x in fwd], [float(x) for x in bwd], [float(x) for x in t.p2p_ns],
                         float(t.late_receive_ns), [float(x) for x in wgt])
-    peaks = memory_peaks(t.orders)
+    peaks = memory_peaks(t.orders, t.kept_output_bytes > 0)
     ends, exposed, tails, before, after, memory = {}, {}, {}, {}, {}, {}
     for rank in t.orders:
         ends[rank] = int(timeline.rank_end[rank])

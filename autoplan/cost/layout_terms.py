@@ -29,6 +29,10 @@ class RankTerms:
     peak_grads: tuple[tuple[int, ...], ...]
     """Per memory peak, 1 for each of ``stages`` whose whole gradients are live there, else 0
     (simulate.memory_peaks; they weigh only where the table has whole gradients)."""
+    peak_kept: tuple[int, ...]
+    """Per memory peak, the bytes of the last stage's outputs kept there (its forwards completed by then x
+    the table's ``kept_output_bytes``; 0 off the last stage's rank or where the stack keeps none): layout-
+    independent, with the activations' reserve."""
     grad_const: tuple[int, ...]
     """Whole gradients of the embedding (and leading dense blocks) / head on each of ``stages``; blocks add
     ``block_grad_bytes`` per layer."""
@@ -82,21 +86,24 @@ class LayoutTerms:
         self.capacity_scaled = PERMILLE * t.capacity_bytes
         self.p2p = list(t.p2p_ns)
         self.late_receive = t.late_receive_ns
-        # without whole gradients the activation peaks alone (fewer vectors, the same maximum: every candidate
-        # after a backward holds no more micro-batches than the forward before it)
+        # without whole gradients or kept outputs the activation peaks alone (fewer vectors, the same maximum:
+        # every candidate after a backward holds no more micro-batches than the forward before it)
         self.whole_grads = any((t.block_grad_bytes, t.embedding_grad_bytes, t.head_grad_bytes, t.dense_grad_bytes))
+        self.events = self.whole_grads or t.kept_output_bytes > 0
+        """Memory peaks as simulate.memory_peaks's events (whole gradients, kept outputs), not activations only."""
         stages_by_rank = tuple(tuple(t.stages_of(r)) for r in range(t.config.pp))
-        shapes = _schedule_shapes(t.orders, stages_by_rank, self.whole_grads)
+        shapes = _schedule_shapes(t.orders, stages_by_rank, self.whole_grads, t.kept_output_bytes > 0)
         reduces = t.reduces  # some gradient is reduced over ranks (dp x cp, or the experts' edp)
         gather_latency = t.gather_latency_ns if reduces and t.config.zero_stage in (1, 2) else 0
         self.memo: dict = {}
         """Per-rank answers that splits of this configuration share (the search's recompute bounds)."""
         self.ranks: list[RankTerms] = []
         self.block_grad = t.block_grad_bytes
-        for r, (stages, peaks, peak_grads, first_stage, last_stage, last_input_stage) in enumerate(shapes):
+        for r, (stages, peaks, peak_grads, kept, first_stage, last_stage, last_input_stage) in enumerate(shapes):
             first, has_last = 0 in stages, last in stages
             self.ranks.append(RankTerms(
                 rank=r, stages=stages, peaks=peaks, peak_grads=peak_grads,
+                peak_kept=tuple(k * t.kept_output_bytes if has_last else 0 for k in kept),
                 grad_const=tuple((t.embedding_grad_bytes + t.dense_grad_bytes if s == 0 else 0)
                                  + (t.head_grad_bytes if s == last else 0) for s in stages),
                 state_const=(t.embedding_state_bytes + t.dense_state_bytes if first else 0)
@@ -130,7 +137,7 @@ class LayoutTerms:
         per_stage = [k * self.act - a * self.d_sel - b * self.d_full + c
                      for k, a, b, c in zip(n, sel, full, rank.act_const)]
         scale = PERMILLE + self.table.reserve_permille
-        if self.whole_grads:
+        if self.events:
             peak = max(self.peak_values(rank, n, per_stage, scale), default=0)
         else:
             peak = scale * max((sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks), default=0)
@@ -143,12 +150,14 @@ class LayoutTerms:
 
     def peak_values(self, rank: RankTerms, n: Sequence[int], per_stage: Sequence[int], scale: int) -> list[int]:
         """Per memory peak, PERMILLE x its whole gradients + ``scale`` x its activations (``per_stage``: one
-        micro-batch's activations per stage): the part of ``excess`` that differs between peaks."""
-        if not self.whole_grads:
+        micro-batch's activations per stage) and kept outputs: the part of ``excess`` that differs between
+        peaks."""
+        if not self.events:
             return [scale * sum(c * x for c, x in zip(vec, per_stage)) for vec in rank.peaks]
         grads = self.stage_grads(rank, n)
         return [PERMILLE * sum(g for g, on in zip(grads, live) if on)
-                + scale * sum(c * x for c, x in zip(vec, per_stage)) for vec, live in zip(rank.peaks, rank.peak_grads)]
+                + scale * (sum(c * x for c, x in zip(vec, per_stage)) + kept)
+                for vec, live, kept in zip(rank.peaks, rank.peak_grads, rank.peak_kept)]
 
     def fits(self, rank: RankTerms, n: Sequence[int], sel: Sequence[int], full: Sequence[int]) -> bool:
         return self.excess(rank, n, sel, full) <= 0
@@ -195,32 +204,34 @@ class LayoutTerms:
         return sync + after_max, critical
 
 
-_SHAPES: dict[tuple[int, bool], tuple[RankOrders, list]] = {}
+_SHAPES: dict[tuple[int, bool, bool], tuple[RankOrders, list]] = {}
 
 
 def _schedule_shapes(orders: RankOrders, stages_by_rank: tuple[tuple[int, ...], ...],
-                     whole_grads: bool) -> list:
-    """Per rank: its stages, its memory peaks as counts per stage and whole-gradient flags per stage (with
-    ``whole_grads``, memory_peaks; otherwise the activation peaks, inflight_peaks, and no flags), the stages
-    of its first and last action. Depends on the action lists only, so configurations sharing a schedule
-    share it."""
-    key = (id(orders), whole_grads)
+                     whole_grads: bool, keeps_outputs: bool) -> list:
+    """Per rank: its stages, its memory peaks as counts per stage, whole-gradient flags per stage and kept
+    last-stage outputs (with ``whole_grads`` or ``keeps_outputs``, memory_peaks; otherwise the activation
+    peaks, inflight_peaks, no flags and no outputs), the stages of its first and last action. Depends on the
+    action lists only, so configurations sharing a schedule share it."""
+    key = (id(orders), whole_grads, keeps_outputs)
     cached = _SHAPES.get(key)
     if cached is not None and cached[0] is orders:
         return cached[1]
     shapes = []
-    if whole_grads:
-        peaks = memory_peaks(orders)
+    if whole_grads or keeps_outputs:
+        peaks = memory_peaks(orders, keeps_outputs)
         counts = [[p.counts for p in peaks[r]] for r in range(len(stages_by_rank))]
         flags = [[p.whole_grads for p in peaks[r]] for r in range(len(stages_by_rank))]
+        kept = [[p.kept_outputs for p in peaks[r]] for r in range(len(stages_by_rank))]
     else:
         acts = inflight_peaks(orders)
         counts = [acts[r] for r in range(len(stages_by_rank))]
         flags = [[frozenset()] * len(acts[r]) for r in range(len(stages_by_rank))]
+        kept = [[0] * len(acts[r]) for r in range(len(stages_by_rank))]
     for r, stages in enumerate(stages_by_rank):
         last_input = next(a.stage for a in reversed(orders[r]) if a.kind in "BI")
         shapes.append((stages, tuple(tuple(vec.get(s, 0) for s in stages) for vec in counts[r]),
-                       tuple(tuple(int(s in live) for s in stages) for live in flags[r]),
+                       tuple(tuple(int(s in live) for s in stages) for live in flags[r]), tuple(kept[r]),
                        orders[r][0].stage, orders[r][-1].stage, last_input))
     if len(_SHAPES) > 4096:
         _SHAPES.clear()

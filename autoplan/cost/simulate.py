@@ -312,16 +312,18 @@ def inflight_peaks(orders: RankOrders) -> dict[int, list[dict[int, int]]]:
 @dataclass(frozen=True)
 class MemoryPeak:
     """One candidate peak of a rank's memory: the micro-batches each stage holds (``counts``, stages
-    holding none left out) and the stages whose whole gradients are live (``whole_grads``)."""
+    holding none left out), the stages whose whole gradients are live (``whole_grads``) and, where the stack
+    keeps them, the last stage's outputs kept so far (``kept_outputs``: its forwards completed on the rank)."""
 
     counts: dict[int, int]
     whole_grads: frozenset[int]
+    kept_outputs: int = 0
 
 
-_MEMORY_PEAKS: dict[int, tuple[RankOrders, dict]] = {}
+_MEMORY_PEAKS: dict[tuple[int, bool], tuple[RankOrders, dict]] = {}
 
 
-def memory_peaks(orders: RankOrders) -> dict[int, list[MemoryPeak]]:
+def memory_peaks(orders: RankOrders, keeps_outputs: bool = False) -> dict[int, list[MemoryPeak]]:
     """Per rank, its candidate memory peaks as events over its action list: the activations ``inflight_peaks``
     counts and which of its stages hold their gradients whole.
 
@@ -333,13 +335,22 @@ def memory_peaks(orders: RankOrders) -> dict[int, list[MemoryPeak]]:
     a stage's m-th ``B``/``W``; ``perform_reduce_grad`` runs FSDP2's post_backward, which reduces and frees
     the unsharded gradients). Candidate points: after every forward followed by another kind of action (or
     ending the list), where activations peak, and right after each stage's first gradient-creating backward,
-    where its gradients appear while activations drop by one micro-batch only. The order on a rank is fixed,
-    so these do not depend on durations; a candidate another one dominates (no fewer micro-batches on any
-    stage, no fewer live gradients) is dropped, every term being non-negative."""
-    cached = _MEMORY_PEAKS.get(id(orders))
+    where its gradients appear while activations drop by one micro-batch only.
+
+    With ``keeps_outputs`` (StackProfile.pipeline_keeps_outputs) each forward of the last stage adds one
+    micro-batch's output that stays until the step ends, so a peak also counts the last-stage forwards
+    completed before it. Those candidates still suffice: the kept outputs grow only at forwards, so between
+    two candidates memory only falls (a backward frees activations and keeps the outputs; the point after a
+    rank's last action, where the outputs peak, holds no more than the point after its last forward, which has
+    all of them and at least that micro-batch's activations). The order on a rank is fixed, so these do not
+    depend on durations; a candidate another one dominates (no fewer micro-batches on any stage, no fewer live
+    gradients, no fewer kept outputs) is dropped, every term being non-negative."""
+    key = (id(orders), keeps_outputs)
+    cached = _MEMORY_PEAKS.get(key)
     if cached is not None and cached[0] is orders:
         return cached[1]
     peaks: dict[int, list[MemoryPeak]] = {}
+    last = max(a.stage for actions in orders.values() for a in actions)
     for rank, actions in orders.items():
         stages = sorted({a.stage for a in actions})
         slot = {st: i for i, st in enumerate(stages)}
@@ -348,27 +359,31 @@ def memory_peaks(orders: RankOrders) -> dict[int, list[MemoryPeak]]:
             if a.kind in "BW":
                 creating[slot[a.stage]] += 1
         live, grads, seen = [0] * len(stages), [0] * len(stages), [0] * len(stages)
+        kept = [0]  # last-stage outputs kept so far (stays 0 without keeps_outputs)
         found: set[tuple[int, ...]] = set()
         for i, a in enumerate(actions):
             k = slot[a.stage]
             live[k] += 1 if a.kind == "F" else -1 if a.kind in "BW" else 0
+            if keeps_outputs and a.kind == "F" and a.stage == last:
+                kept[0] += 1
             if a.kind == "F" and (i + 1 == len(actions) or actions[i + 1].kind != "F"):
-                found.add(tuple(live) + tuple(grads))
+                found.add(tuple(live) + tuple(grads) + tuple(kept))
             if a.kind in "BW":
                 seen[k] += 1
                 if seen[k] == 1:
                     grads[k] = 1
-                    found.add(tuple(live) + tuple(grads))
+                    found.add(tuple(live) + tuple(grads) + tuple(kept))
                 if seen[k] == creating[k]:
                     grads[k] = 0  # REDUCE_GRAD: reduce-scattered and freed
         n = len(stages)
-        kept: list[tuple[int, ...]] = []
+        undominated: list[tuple[int, ...]] = []
         for vec in sorted(found, key=lambda v: (-sum(v), v)):  # a dominating vector has a larger sum
-            if not any(all(x >= y for x, y in zip(w, vec)) for w in kept):
-                kept.append(vec)
+            if not any(all(x >= y for x, y in zip(w, vec)) for w in undominated):
+                undominated.append(vec)
         peaks[rank] = [MemoryPeak({st: c for st, c in zip(stages, vec[:n]) if c},
-                                  frozenset(st for st, g in zip(stages, vec[n:]) if g)) for vec in kept]
+                                  frozenset(st for st, g in zip(stages, vec[n:2 * n]) if g), vec[2 * n])
+                       for vec in undominated]
     if len(_MEMORY_PEAKS) > 4096:
         _MEMORY_PEAKS.clear()
-    _MEMORY_PEAKS[id(orders)] = (orders, peaks)
+    _MEMORY_PEAKS[key] = (orders, peaks)
     return peaks

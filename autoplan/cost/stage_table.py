@@ -177,6 +177,12 @@ class StageTable:
     embedding_grad_bytes: int = 0
     head_grad_bytes: int = 0
     dense_grad_bytes: int = 0
+    kept_output_bytes: int = 0
+    """Under pipelining on a stack that keeps them (``StackProfile.pipeline_keeps_outputs``), one micro-batch's
+    last-stage output, alive on the rank holding the last stage from that micro-batch's forward to the end of
+    the step: counted at each memory peak times the last-stage forwards completed by then
+    (simulate.memory_peaks ``kept_outputs``), with the activations' reserve. 0 at pp = 1 (no schedule keeps
+    them) and where the stack keeps none."""
 
     @property
     def num_stages(self) -> int:
@@ -439,6 +445,7 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         embedding_act_bytes=int(math.ceil(workload.embedding.saved_bytes)),
         head_act_bytes=int(math.ceil(workload.head.saved_bytes)),
         logits_transient_bytes=int(math.ceil(workload.logits_transient_bytes)),
+        kept_output_bytes=int(math.ceil(workload.kept_output_bytes)) if c.pp > 1 else 0,
         zero3_buffer_bytes=z3_buffer, capacity_bytes=int(capacity),
         ring_transient_bytes=int(math.ceil(workload.ring_transient_bytes)),
         sync_block_ns=sync_ns(block.params, be), sync_embedding_ns=sync_ns(emb_params, emb_experts),

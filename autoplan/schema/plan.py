@@ -399,7 +399,8 @@ class MemoryBreakdown:
     the device's memory_baseline_gib); 0 on GPUs."""
     reserved_gib: float = 0.0
     """What the caching allocator holds at the peak: ``total_gib`` and the cache it keeps where the device
-    has room (the stack's ``allocator_cache``), at most the device's memory. Compare with
+    has room (the stack's ``allocator_cache``, and under pipelining its ``pipeline_allocator_cache`` of the
+    dynamic memory), at most the device's memory. Compare with
     ``torch.cuda.max_memory_reserved`` (torchtitan logs it); ``total_gib`` with ``max_memory_allocated``
     plus the reserve. 0 in plans written before the field existed."""
     expert_states_gib: float = 0.0

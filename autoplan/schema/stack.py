@@ -126,6 +126,13 @@ class StackProfile:
     pipeline_keeps_params_gathered: bool = False
     """ZeRO-3 under pipelining: a stage's parameters are gathered once for the step and kept (torchtitan's
     ``reshard_after_forward=False`` under PP); False: gathered again for every forward and backward."""
+    pipeline_keeps_outputs: bool = False
+    """Under pipelining the last stage keeps every micro-batch's output (the logits, in the activation dtype,
+    vocabulary-sharded under TP's loss parallelism) from its forward to the end of the step: torch's schedule
+    runtime with ``step(..., return_outputs=True)``, its default (stage.py ``forward_one_chunk`` appends to
+    ``output_chunks``, freed by the next step's ``clear_runtime_states``). False: the outputs are freed after
+    the loss (``return_outputs=False``; Megatron's schedules compute the loss in the forward step and free the
+    output, ``deallocate_output_tensor``)."""
     optimizer_bytes_per_param: float = 0.0
     """Bytes per parameter the optimizer step's kernels move beyond the fused step's
     (cost/model_states.py ``optimizer_step_bytes``): a ``foreach`` AdamW runs its update as several
@@ -139,6 +146,13 @@ class StackProfile:
     share of that peak: the gap between ``max_memory_reserved`` (what torchtitan logs, what nvidia-smi
     shows) and ``max_memory_allocated``. Reported (``MemoryBreakdown.reserved_gib``), never counted against
     the capacity, since the allocator gives it back before failing."""
+    pipeline_allocator_cache: float = 0.0
+    """Under pipelining (pp > 1), what the caching allocator keeps reserved in addition, as a share of the
+    rank's dynamic memory at its peak (activations, kept outputs, working buffers): with several
+    micro-batches' activations in flight, freed in another order than they were allocated (the warm-up's
+    forwards, then one backward per forward), their blocks fragment the allocator's segments where one
+    micro-batch's activations are freed last-in first-out. Fitted to the pipelined runs only; reported like
+    ``allocator_cache``, never counted against the capacity."""
     tp_gather: Literal["compute", "fp8"] = "compute"
     """The dtype sequence parallelism all-gathers activations in before a column-parallel linear: the
     activation dtype, or fp8 under fp8 training (torchao's Float8ColwiseParallel casts before gathering)."""
@@ -178,6 +192,7 @@ class StackProfile:
         require_range(self, "ep_comm_overlap", 0.0, 1.0)
         require_range(self, "allocator_reserve", 0.0, 10.0)
         require_range(self, "allocator_cache", 0.0, 10.0)
+        require_range(self, "pipeline_allocator_cache", 0.0, 10.0)
         require_range(self, "optimizer_bytes_per_param", 0.0, 1e4)
         require_range(self, "loss_logit_copies", 0, 16)
         require_range(self, "loss_parallel_logit_copies", 0, 16)

@@ -93,7 +93,8 @@ def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup,
     peak at least one micro-batch of a stage of at least ``least_layers`` layers, each keeping at least
     the smallest of its recomputation modes' activations; and, with the ZeRO stage and offload that keep
     the least, the rank with the most model states holds at least their average over the pp ranks, and
-    the rank with the head holds the head's states, activations and the loss's logits. Routed-expert
+    the rank with the head holds the head's states, activations and the loss's logits (and under pipelining
+    the output it keeps of at least one micro-batch, ``Workload.kept_output_bytes``). Routed-expert
     parameters are sharded over their own ``edp`` ranks (cost/stage_table.py); ``least_layers`` counts the
     blocks the layout places (a MoE model's MoE blocks; its leading dense ones are counted here whole)."""
     head = workload.head.params + (workload.tied_copy_params if pp > 1 else 0.0)
@@ -118,8 +119,9 @@ def group_can_fit(workload: Workload, cluster: Cluster, training: TrainingSetup,
     capacity = PERMILLE * int(cluster.device.memory_gib * (1 - training.memory_margin) * 2**30)
     scale = PERMILLE + reserve_permille(workload.stack)
     busiest = state_bytes(params, experts) / pp + scale * acts
+    outputs = workload.kept_output_bytes if pp > 1 else 0.0  # at least the one of its first micro-batch
     last = state_bytes(head, head_experts) + scale * (acts + workload.head.saved_bytes
-                                                      + workload.logits_transient_bytes)
+                                                      + workload.logits_transient_bytes + outputs)
     return busiest <= capacity and last <= capacity
 
 
@@ -201,7 +203,9 @@ def rank_floors(t: StageTable, low: Sequence[int], pin: Pin) -> list[int] | None
     * ``least_inflight`` micro-batches of one of its stages (the smallest once recomputed);
     * on the rank holding stage 0, min(pp, m) micro-batches of stage 0 (every searched schedule warms up
       with that many forwards of stage 0 before its first backward; GPipe holds all m);
-    * on the rank holding the last stage, one micro-batch of it, and the loss's logits besides;
+    * on the rank holding the last stage, one micro-batch of it, and the loss's logits besides; where the
+      stack keeps the last stage's outputs (stage_table ``kept_output_bytes``), all m of them: right after
+      its m-th forward that micro-batch is still in flight (simulate.memory_peaks ``kept_outputs``);
 
     beside its stages' states and the working memory every rank has; recomputing anything adds the
     smallest rebuild buffer (search/recompute.py ``lower_bound_ns``). Each of these constraints alone asks
@@ -245,12 +249,14 @@ def _rank_floor(t: StageTable, low: Sequence[int], r: int, segments: list[tuple[
         return None
     kept = {s: low[s] * t.block_act_bytes + (t.embedding_act_bytes + t.dense_act_bytes if s == 0 else 0)
             + (t.head_act_bytes if s == last else 0) for s in stages}
-    constraints = [(least_inflight(c.schedule, c.pp, c.virtual_stages, m, r), stages)]
+    # (micro-batches, the stages they may be of, bytes beside them no recomputation frees)
+    constraints = [(least_inflight(c.schedule, c.pp, c.virtual_stages, m, r), stages, 0)]
     if 0 in stages:
-        constraints.append((m if c.schedule == "gpipe" else min(c.pp, m), [0]))
+        constraints.append((m if c.schedule == "gpipe" else min(c.pp, m), [0], 0))
     if last in stages:
-        constraints.append((1, [last]))
-    if all(scale * (count * min(kept[s] for s in subset) + fixed) <= room for count, subset in constraints):
+        constraints.append((1, [last], m * t.kept_output_bytes))
+    if all(scale * (count * min(kept[s] for s in subset) + outputs + fixed) <= room
+           for count, subset, outputs in constraints):
         return 0
     if not segments:
         return None
@@ -258,8 +264,10 @@ def _rank_floor(t: StageTable, low: Sequence[int], r: int, segments: list[tuple[
     if budget < 0:
         return None
     floor = 0.0
-    for count, subset in constraints:
-        cost = min(_saving_cost(kept[s] - budget / count, low[s], segments) for s in subset)
+    for count, subset, outputs in constraints:
+        if outputs > budget:
+            return None
+        cost = min(_saving_cost(kept[s] - (budget - outputs) / count, low[s], segments) for s in subset)
         if cost == float("inf"):
             return None
         floor = max(floor, cost)

@@ -8,8 +8,8 @@ own added backward time, which is the search space's rule (search/space.py).
 
 Per rank this is a small integer program: choose (selective, full) counts per stage, minimise
 sum(selective) x selective_extra + sum(full) x full_extra, subject to one linear memory constraint per
-peak of the rank (simulate.memory_peaks: its activations, and the whole gradients live there, which
-recomputation does not change). Solved exactly by
+peak of the rank (simulate.memory_peaks: its activations, and the whole gradients and kept last-stage
+outputs live there, which recomputation does not change). Solved exactly by
 
 * a closed form for one stage per rank: for each count of fully recomputed layers, the fewest selective
   ones that fit follow from the (integer) constraint by one ceiling division;
@@ -185,9 +185,9 @@ def _cpsat(terms: LayoutTerms, rank: RankTerms, n: tuple[int, ...]) -> Choice | 
     transient = terms.d_full * has_full + terms.d_sel * has_sel
     scale = PERMILLE + t.reserve_permille
     grads = terms.stage_grads(rank, n)
-    for vec, live in zip(rank.peaks, rank.peak_grads):
+    for vec, live, kept in zip(rank.peaks, rank.peak_grads, rank.peak_kept):
         acts = sum(count * (k * terms.act - sel[i] * terms.d_sel - full[i] * terms.d_full + rank.act_const[i])
-                   for i, (count, k) in enumerate(zip(vec, n)))
+                   for i, (count, k) in enumerate(zip(vec, n))) + kept  # kept last-stage outputs: no recompute frees them
         whole = sum(g for g, on in zip(grads, live) if on)
         m.add(PERMILLE * (states + whole) + scale * (acts + transient + rank.fixed) <= terms.capacity_scaled)
     m.minimize(sum(sel[i] * terms.sel_ns + full[i] * terms.full_ns for i in range(len(n))))

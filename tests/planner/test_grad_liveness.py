@@ -8,6 +8,8 @@ import dataclasses
 import itertools
 import random
 
+import pytest
+
 from autoplan.cost.estimate import estimate_layout, layout_of
 from autoplan.cost.evaluate import StageShape, evaluate
 from autoplan.cost.layout_terms import LayoutTerms
@@ -201,10 +203,12 @@ def test_fast_path_equals_evaluate_with_whole_gradients():
     assert checked > 200
 
 
-def test_bounds_stay_below_the_truth_with_whole_gradients():
+@pytest.mark.parametrize("stack", [None, "torchtitan"])
+def test_bounds_stay_below_the_truth_with_whole_gradients(stack):
     """Where whole gradients count at some peaks only, a bound that counted them always would cut layouts
     that fit: ``states_fit`` and ``rank_floors`` (None: nothing fits that split) hold against the cheapest
-    fitting recomputation of every split, on tight devices."""
+    fitting recomputation of every split, on tight devices; on torchtitan with the last stage's kept outputs
+    too (m of them beside one micro-batch, at least)."""
     rng = random.Random(35)
     seen = refused = 0
     model = ModelSpec(name="m", architecture="gpt", num_layers=8, hidden_size=256, ffn_hidden_size=1024,
@@ -213,7 +217,8 @@ def test_bounds_stay_below_the_truth_with_whole_gradients():
     for _ in range(40):
         device = dataclasses.replace(DEVICE, memory_gib=rng.uniform(0.03, 0.12))
         cluster = dataclasses.replace(CLUSTER, device=device, devices_per_node=4)
-        workload = workload_fn(model, cluster, training)(LayerSplit(micro_batch_size=1))
+        workload = workload_fn(model, cluster, training, load_stack(stack) if stack else None)(
+            LayerSplit(micro_batch_size=1))
         schedule, v = rng.choice([("1f1b", 1), ("interleaved", 2), ("zb1p", 1), ("gpipe", 1)])
         config = Config(tp=1, pp=2, dp=2, sequence_parallel=False, zero_stage=rng.choice([2, 3]),
                         offload_optimizer=False, schedule=schedule, virtual_stages=v, micro_batch_size=1,
@@ -239,10 +244,12 @@ def test_bounds_stay_below_the_truth_with_whole_gradients():
     assert seen >= 20 and refused >= 5
 
 
-def test_recompute_solvers_agree_with_whole_gradients():
+@pytest.mark.parametrize("stack", [None, "torchtitan"])
+def test_recompute_solvers_agree_with_whole_gradients(stack):
     """A rank's peaks with whole gradients are several constraints even on one stage (4 micro-batches, or 3
     and the gradients): the closed form equals enumeration there, and CP-SAT equals enumeration on
-    interleaved ranks, on devices between what full recomputation everywhere and none need."""
+    interleaved ranks, on devices between what full recomputation everywhere and none need; on torchtitan
+    the last rank's peaks also hold its kept outputs, which no recomputation frees."""
     from autoplan.search.recompute import choice_cost_ns, rank_choice
 
     rng = random.Random(36)
@@ -253,7 +260,8 @@ def test_recompute_solvers_agree_with_whole_gradients():
     for _ in range(30):
         device = dataclasses.replace(DEVICE, memory_gib=rng.uniform(0.05, 0.2))
         cluster = dataclasses.replace(CLUSTER, device=device, devices_per_node=4)
-        workload = workload_fn(model, cluster, training)(LayerSplit(micro_batch_size=1))
+        workload = workload_fn(model, cluster, training, load_stack(stack) if stack else None)(
+            LayerSplit(micro_batch_size=1))
         base = dict(tp=1, pp=4, dp=1, sequence_parallel=False, zero_stage=2, offload_optimizer=False,
                     micro_batch_size=1, num_microbatches=4)
         one = build_table(workload, cluster, training, Config(**base, schedule="1f1b", virtual_stages=1))
@@ -276,3 +284,102 @@ def test_recompute_solvers_agree_with_whole_gradients():
                 assert choice_cost_ns(terms, a) == choice_cost_ns(terms, b)
                 solved += a != ((0, 0), (0, 0))
     assert closed >= 5 and solved >= 5
+
+
+# --- the last stage's outputs a stack keeps until the step ends (StackProfile.pipeline_keeps_outputs) ---
+
+
+def test_kept_outputs_by_hand_1f1b():
+    """pp 2, 4 micro-batches, torch's schedule keeping outputs. Rank 1 (the last stage) runs F0 B0 F1 B1 F2
+    B2 F3 B3: after F0 (1 micro-batch, no gradients, 1 output), after B0 (0, its gradients, 1), after F1, F2,
+    F3 (1, gradients, 2 / 3 / 4): the last one, after its 4th forward, holds every output and dominates.
+    Rank 0 holds no last stage, so nothing changes there; without the flag no peak counts outputs."""
+    orders = build_schedule("1f1b", 2, 1, 4)
+    peaks = memory_peaks(orders, True)
+    assert peaks[1] == [MemoryPeak({1: 1}, frozenset({1}), 4)]
+    assert peaks[0] == [peak({0: 2}, {0})]
+    assert all(p.kept_outputs == 0 for ps in memory_peaks(orders).values() for p in ps)
+
+
+def test_kept_outputs_by_hand_interleaved():
+    """pp 2, v 2, 4 micro-batches; rank 1 (stages 1 and 3, the last) runs F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 F1.2
+    B1.0 F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 B1.2 B1.3. Candidates (stage 1, stage 3 | gradients | outputs): after
+    F3.0 (2, 1 | - | 1), B3.0 (2, 0 | 3 | 1), F3.1 (2, 1 | 3 | 2), F1.2 (3, 0 | 3 | 2), B1.0 (2, 0 | 1, 3 | 2),
+    F1.3 (3, 0 | 1, 3 | 2), F3.2 (2, 1 | 1, 3 | 3), F3.3 (2, 1 | 1, 3 | 4). Left: after F3.3 (every output,
+    fewer activations) and after F1.3 (more activations, two outputs)."""
+    peaks = memory_peaks(build_schedule("interleaved", 2, 2, 4), True)[1]
+    assert peaks == [MemoryPeak({1: 2, 3: 1}, frozenset({1, 3}), 4), MemoryPeak({1: 3}, frozenset({1, 3}), 2)]
+
+
+def test_kept_output_bytes_are_one_microbatch_of_logits():
+    """torchtitan keeps one micro-batch's bf16 logits per last-stage forward (vocabulary over tp); only under
+    pipelining; the runtime of this project (return_outputs=False) and Megatron keep none."""
+    from autoplan.cost.activations import elem_bytes
+
+    t = small_table(stack="torchtitan")
+    e = elem_bytes(TRAINING.activation_precision)
+    assert t.kept_output_bytes == 128 * MODEL.padded_vocab_size(1) * e > 0
+    assert small_table(pp=1, stack="torchtitan").kept_output_bytes == 0
+    for stack in ("autoplan", "megatron"):
+        assert small_table(stack=stack).kept_output_bytes == 0
+
+
+def test_the_last_rank_counts_every_kept_output():
+    """1F1B pp 4, 4 micro-batches on torchtitan: the last rank's peak is after its 4th forward, with one
+    micro-batch of activations, its whole gradients and 4 outputs (counted among the activations, with their
+    reserve); the first rank keeps none. The breakdown's terms still add up to the total."""
+    t = small_table(stack="torchtitan")
+    shapes = tuple(StageShape(2) for _ in range(4))
+    values = {(k, s): (2 if k == "n" else 0) for s in range(4) for k in ("n", "sel", "full")}
+    memory = evaluate(t, shapes).memory
+    last = memory[3]
+    assert last.kept_outputs_bytes == 4 * t.kept_output_bytes
+    assert last.activations_bytes == stage_activations(t, 3).value(values) + 4 * t.kept_output_bytes
+    assert last.whole_grads_bytes == stage_whole_grads(t, 3).value(values)
+    assert memory[0].kept_outputs_bytes == 0
+    off = dataclasses.replace(t, kept_output_bytes=0)
+    assert evaluate(off, shapes).memory[3].activations_bytes == last.activations_bytes - 4 * t.kept_output_bytes
+    workload = workload_fn(MODEL, CLUSTER, TRAINING, load_stack("torchtitan"))
+    predicted, evaluation, _ = estimate_layout(workload, CLUSTER, TRAINING, layout_of(t.config, shapes))
+    b = predicted.memory
+    parts = (b.weights_gib + b.gradients_gib + b.optimizer_gib + b.activations_gib + b.buffers_gib + b.reserve_gib
+             + b.runtime_gib + b.expert_states_gib)
+    assert abs(parts - b.total_gib) < 1e-6
+
+
+def test_fast_path_equals_evaluate_with_kept_outputs():
+    """As ``test_fast_path_equals_evaluate_with_whole_gradients``, on torchtitan (whole gradients and kept
+    outputs) and on a table that keeps outputs without whole gradients (ZeRO-1): the fast path's excess is
+    evaluate.py's, to the byte."""
+    rng = random.Random(37)
+    stack = load_stack("torchtitan")
+    checked = 0
+    for _ in range(30):
+        model, cluster, training, _ = random_problem(rng)
+        fn = workload_of(model, cluster, training, stack)
+        for pp in (2, 4):
+            if cluster.num_devices % pp or model.num_layers < pp:
+                continue
+            for schedule, v in (("1f1b", 1), ("interleaved", 2), ("zb1p", 1), ("gpipe", 1)):
+                if model.num_layers < pp * v:
+                    continue
+                config = Config(tp=1, pp=pp, dp=cluster.num_devices // pp, sequence_parallel=False,
+                                zero_stage=rng.choice([1, 2, 3]), offload_optimizer=False, schedule=schedule,
+                                virtual_stages=v, micro_batch_size=1, num_microbatches=rng.choice([pp, 2 * pp]))
+                t = build_table(fn(LayerSplit(micro_batch_size=1)), cluster, training, config)
+                assert t.kept_output_bytes > 0
+                terms = LayoutTerms(t)
+                for split in stage_splits(t.num_layers, t.num_stages, 2)[:3]:
+                    per_stage = [[StageShape(n, a, b) for a, b in stage_choices(n, None)] for n in split]
+                    for layout in itertools.islice(itertools.product(*per_stage), 20):
+                        truth = evaluate(t, layout)
+                        n, sel, full = ([getattr(s, f) for s in layout] for f in ("layers", "selective", "full"))
+                        for rank in terms.ranks:
+                            m = truth.memory[rank.rank]
+                            exact = (PERMILLE * (m.states_bytes + m.whole_grads_bytes + m.baseline_bytes)
+                                     + (PERMILLE + t.reserve_permille) * (m.activations_bytes + m.fixed_bytes)
+                                     - PERMILLE * t.capacity_bytes)
+                            pick = [[x[s] for s in rank.stages] for x in (n, sel, full)]
+                            assert terms.excess(rank, *pick) == exact
+                        checked += 1
+    assert checked > 100

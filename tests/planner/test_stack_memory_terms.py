@@ -137,6 +137,21 @@ def test_the_workload_prices_the_stacks_loss_by_tp():
     assert torch_stack.loss_parallel_logit_copies > torch_stack.loss_logit_copies > megatron.loss_logit_copies
 
 
+def test_the_workload_prices_the_kept_outputs():
+    """A stack keeping the last stage's outputs (torchtitan: torch's ``output_chunks``) keeps one micro-batch's
+    bf16 logits, vocabulary-sharded under TP (loss parallel), over s / cp tokens; the others none."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100-80gb")
+    training = TrainingSetup(global_batch_size=8, seq_len=8192)
+    for name in SHIPPED:
+        stack = load_stack(name)
+        fn = workload_fn(model, cluster, training, stack)
+        for tp, cp in ((1, 1), (4, 1), (2, 2)):
+            w = fn(LayerSplit(2, tp, tp > 1, cp))
+            hand = 2 * 2 * 8192 * model.padded_vocab_size(tp) / tp / cp if stack.pipeline_keeps_outputs else 0.0
+            assert w.kept_output_bytes == pytest.approx(hand, rel=1e-12), (name, tp, cp)
+    assert load_stack("torchtitan").pipeline_keeps_outputs and not load_stack("autoplan").pipeline_keeps_outputs
+
+
 def test_repeated_kv_widens_the_ring_by_heads_over_kv_heads():
     ring = ring_exchange(4, 1000.0, 500.0, 2)
     wide = with_repeated_kv(ring, 8)
