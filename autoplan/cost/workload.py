@@ -75,7 +75,7 @@ def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_
 def with_exposed_exchange(w: Workload, config: ParallelConfig) -> Workload:
     """The workload as ``config`` runs it: where the stack overlaps the experts' all-to-alls with the paired
     micro-batch's kernels (``StackProfile.ep_comm_overlap``) and the configuration allows it
-    (``ParallelConfig.ep_overlap_possible``: Megatron-Core's condition), each layer's ``ep_*_s`` less its
+    (``ParallelConfig.ep_overlap_possible``: Megatron-Core's condition, or DualPipe), each layer's ``ep_*_s`` less its
     hideable share (``LayerCost.ep_hideable_*_s``). The cost table (cost/tables.py) and the breakdown
     (cost/estimate.py) both read the workload through this, so they agree."""
     if w.stack.ep_comm_overlap == 0 or not config.ep_overlap_possible:
