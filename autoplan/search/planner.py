@@ -105,7 +105,7 @@ class _ConfigState:
 
     table: StageTable
     workload: Workload
-    splits: list[tuple[int, ...]]
+    splits: tuple[tuple[int, ...], ...]
     terms: LayoutTerms | None = None
     memo: dict | None = None
     best: tuple[int, int, tuple[StageShape, ...]] | None = None
@@ -180,12 +180,15 @@ class _Run:
             self.workloads[split] = workload
         return self.workloads[split]
 
-    def splits(self, config: Config) -> list[tuple[int, ...]]:
+    def splits(self, config: Config) -> tuple[tuple[int, ...], ...]:
         """The configuration's stage splits in the table's layout variables (search/space.py ``table_splits``)."""
         return self.stage_splits(config.num_stages)
 
-    def stage_splits(self, num_stages: int) -> list[tuple[int, ...]]:
+    def stage_splits(self, num_stages: int) -> tuple[tuple[int, ...], ...]:
         return _splits(self.num_layers, num_stages, self.limits.max_edge_trim, self.dense_layers)
+
+    def stage_family(self, num_stages: int) -> tuple[int, int, int] | None:
+        return _family(self.num_layers, num_stages, self.limits.max_edge_trim, self.dense_layers)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -226,8 +229,8 @@ class _Run:
             if not states or not schedules:
                 continue
             self.considered += len(states) * len(schedules) * len(self.dense_choices)
-            shapes = {(v, *_family_least(self.stage_splits(group.pp * v)), kind in ZERO_BUBBLE)
-                      for kind, v in schedules if self.stage_splits(group.pp * v)}
+            families = {v: self.stage_family(group.pp * v) for _, v in schedules}
+            shapes = {(v, *families[v], kind in ZERO_BUBBLE) for kind, v in schedules if families[v] is not None}
             shapes = {(v, least, zb, first, last) for v, least, first, last, zb in shapes}
             if not shapes:
                 continue
@@ -290,7 +293,7 @@ class _Run:
                     splits = self.splits(config)
                     if not splits:
                         continue
-                    least, first, last = _family_least(splits)
+                    least, first, last = self.stage_family(config.num_stages)
                     low = family_range(splits)[0]
                     floors = rank_floors(table, low, self.pins.recompute)
                     if floors is None:
@@ -487,15 +490,23 @@ class _Run:
         return candidates[:self.top_k]
 
 
-@functools.lru_cache(maxsize=1024)
 def _hides_exchange(workload: Workload, config: Config) -> bool:
     """The table of ``config`` hides part of the experts' all-to-all (cost/workload.py
     ``with_exposed_exchange``): tables are reused across schedules (``with_schedule``) only when this agrees."""
     return workload.stack.ep_comm_overlap > 0 and config.ep_overlap_possible
 
 
-def _splits(num_layers: int, num_stages: int, max_edge_trim: int, dense_layers: int = 0) -> list[tuple[int, ...]]:
-    return table_splits(num_layers, num_stages, max_edge_trim, dense_layers)
+@functools.lru_cache(maxsize=4096)
+def _splits(num_layers: int, num_stages: int, max_edge_trim: int, dense_layers: int = 0) -> tuple[tuple[int, ...], ...]:
+    """Cached: the search asks for the same few stage counts hundreds of thousands of times."""
+    return tuple(table_splits(num_layers, num_stages, max_edge_trim, dense_layers))
+
+
+@functools.lru_cache(maxsize=4096)
+def _family(num_layers: int, num_stages: int, max_edge_trim: int, dense_layers: int = 0) -> tuple[int, int, int] | None:
+    """``_family_least`` of the stage splits (None: there are none), cached like them."""
+    splits = _splits(num_layers, num_stages, max_edge_trim, dense_layers)
+    return _family_least(splits) if splits else None
 
 
 def _dense_choices(dense_layers: int, pin) -> tuple[bool, ...]:
