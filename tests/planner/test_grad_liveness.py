@@ -167,6 +167,27 @@ def test_the_breakdown_shows_the_whole_gradients_and_sums_to_the_peak():
     assert b.gradients_gib * 2**30 >= evaluation.memory[peak_rank].whole_grads_bytes
 
 
+def fast_path_agrees(t, layouts_per_split: int) -> int:
+    """Asserts the fast path's excess equals evaluate.py's PERMILLE x (memory - capacity) on every rank, for
+    the first layouts of the table's first stage splits; returns how many layouts it checked."""
+    terms = LayoutTerms(t)
+    checked = 0
+    for split in stage_splits(t.num_layers, t.num_stages, 2)[:3]:
+        per_stage = [[StageShape(n, a, b) for a, b in stage_choices(n, None)] for n in split]
+        for layout in itertools.islice(itertools.product(*per_stage), layouts_per_split):
+            truth = evaluate(t, layout)
+            n, sel, full = ([getattr(s, f) for s in layout] for f in ("layers", "selective", "full"))
+            for rank in terms.ranks:
+                m = truth.memory[rank.rank]
+                exact = (PERMILLE * (m.states_bytes + m.whole_grads_bytes + m.baseline_bytes)
+                         + (PERMILLE + t.reserve_permille) * (m.activations_bytes + m.fixed_bytes)
+                         - PERMILLE * t.capacity_bytes)
+                pick = [[x[s] for s in rank.stages] for x in (n, sel, full)]
+                assert terms.excess(rank, *pick) == exact
+            checked += 1
+    return checked
+
+
 def test_fast_path_equals_evaluate_with_whole_gradients():
     """On random small problems, every layout of the configurations with whole gradients: the fast path's
     excess is evaluate.py's PERMILLE x (memory - capacity), to the byte."""
@@ -186,20 +207,7 @@ def test_fast_path_equals_evaluate_with_whole_gradients():
                                 virtual_stages=v, micro_batch_size=1, num_microbatches=rng.choice([pp, 2 * pp]))
                 t = build_table(fn(LayerSplit(micro_batch_size=1)), cluster, training, config)
                 assert t.block_grad_bytes > 0
-                terms = LayoutTerms(t)
-                for split in stage_splits(t.num_layers, t.num_stages, 2)[:3]:
-                    per_stage = [[StageShape(n, a, b) for a, b in stage_choices(n, None)] for n in split]
-                    for layout in itertools.islice(itertools.product(*per_stage), 40):
-                        truth = evaluate(t, layout)
-                        n, sel, full = ([getattr(s, f) for s in layout] for f in ("layers", "selective", "full"))
-                        for rank in terms.ranks:
-                            m = truth.memory[rank.rank]
-                            exact = (PERMILLE * (m.states_bytes + m.whole_grads_bytes + m.baseline_bytes)
-                                     + (PERMILLE + t.reserve_permille) * (m.activations_bytes + m.fixed_bytes)
-                                     - PERMILLE * t.capacity_bytes)
-                            pick = [[x[s] for s in rank.stages] for x in (n, sel, full)]
-                            assert terms.excess(rank, *pick) == exact
-                        checked += 1
+                checked += fast_path_agrees(t, layouts_per_split=40)
     assert checked > 200
 
 
@@ -368,18 +376,5 @@ def test_fast_path_equals_evaluate_with_kept_outputs():
                                 virtual_stages=v, micro_batch_size=1, num_microbatches=rng.choice([pp, 2 * pp]))
                 t = build_table(fn(LayerSplit(micro_batch_size=1)), cluster, training, config)
                 assert t.kept_output_bytes > 0
-                terms = LayoutTerms(t)
-                for split in stage_splits(t.num_layers, t.num_stages, 2)[:3]:
-                    per_stage = [[StageShape(n, a, b) for a, b in stage_choices(n, None)] for n in split]
-                    for layout in itertools.islice(itertools.product(*per_stage), 20):
-                        truth = evaluate(t, layout)
-                        n, sel, full = ([getattr(s, f) for s in layout] for f in ("layers", "selective", "full"))
-                        for rank in terms.ranks:
-                            m = truth.memory[rank.rank]
-                            exact = (PERMILLE * (m.states_bytes + m.whole_grads_bytes + m.baseline_bytes)
-                                     + (PERMILLE + t.reserve_permille) * (m.activations_bytes + m.fixed_bytes)
-                                     - PERMILLE * t.capacity_bytes)
-                            pick = [[x[s] for s in rank.stages] for x in (n, sel, full)]
-                            assert terms.excess(rank, *pick) == exact
-                        checked += 1
+                checked += fast_path_agrees(t, layouts_per_split=20)
     assert checked > 100
