@@ -135,7 +135,7 @@ class AllToAllDispatcher:
             recv.copy_(counts)
         if self.etp > 1:
             everyone = recv.new_empty(self.etp * recv.numel())
-            dist.all_gather_single(everyone, recv, group=self.etp_group)
+            _all_gather_single(everyone, recv, group=self.etp_group)
             recv = everyone
         return recv.view(self.etp, self.ep, self.local_experts)
 
@@ -145,6 +145,10 @@ class AllToAllDispatcher:
             return rows
         return all_to_all_single_autograd(rows, out_splits, in_splits, self.group)
 
+
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns); the package runs on
+# torch >= 2.6, which has only the old one
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 def gather_rows(rows: torch.Tensor, splits: list[int], group: Any) -> torch.Tensor:
     """All-gather over ``group`` of a different number of rows per rank (``splits``, in group rank order),
