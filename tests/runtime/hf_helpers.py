@@ -4,11 +4,17 @@ a world of one in-process, and training the ``transformers`` model itself as the
 from __future__ import annotations
 
 import contextlib
+import functools
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from autoplan.schema import ModelSpec
+from autoplan.schema.hf_config import spec_from_hf_config
 
 SEQ_LEN = 32
 VOCAB = 300
@@ -61,6 +67,18 @@ def save_hf_folder(model, folder: Path, sharded: bool = False) -> Path:
     """``save_pretrained`` as safetensors; ``sharded``: 100 KB shards and an index (several files)."""
     model.save_pretrained(folder, safe_serialization=True, **({"max_shard_size": "100KB"} if sharded else {}))
     return folder
+
+
+@functools.lru_cache(maxsize=None)
+def saved_once(name: str, build: Callable[[str], Any], sharded: bool = False) -> Path:
+    """``build(name)``'s model saved by ``save_hf_folder`` once per session, in a fresh temporary folder."""
+    folder = Path(tempfile.mkdtemp(prefix=f"autoplan-hf-{name}-"))
+    return save_hf_folder(build(name), folder / name, sharded=sharded)
+
+
+def folder_spec(folder: Path) -> ModelSpec:
+    """The model spec a Hugging Face folder's config.json maps to."""
+    return spec_from_hf_config(folder / "config.json")
 
 
 @contextlib.contextmanager

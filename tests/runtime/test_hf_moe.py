@@ -22,12 +22,10 @@ code). A wrong expert, a swapped matrix or another routing rule moves the logits
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,9 +35,8 @@ from safetensors.torch import load_file
 from autoplan.cli.main import main
 from autoplan.errors import SpecError
 from autoplan.schema import check_fits, dump_plan, load_model
-from autoplan.schema.hf_config import spec_from_hf_config
-from hf_helpers import (MOE_FAMILIES, SEQ_LEN, VOCAB, hf_training_losses, moe_family_config, next_token_loss,
-                        random_hf_moe_model, rel_diff, save_hf_folder, world_of_one)
+from hf_helpers import (MOE_FAMILIES, SEQ_LEN, VOCAB, folder_spec, hf_training_losses, moe_family_config,
+                        next_token_loss, random_hf_moe_model, rel_diff, save_hf_folder, saved_once, world_of_one)
 from rt_helpers import make_plan
 from rt_launcher import ROOT
 
@@ -48,15 +45,9 @@ pytest.importorskip("transformers")
 TOL = 1e-5
 
 
-def folder_spec(folder: Path):
-    return spec_from_hf_config(folder / "config.json")
-
-
-@functools.lru_cache(maxsize=None)
 def moe_folder(name: str) -> Path:
     """The family's tiny random model saved once per session (mixtral in 100 KB shards with an index)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"autoplan-hf-{name}-"))
-    return save_hf_folder(random_hf_moe_model(name), folder / name, sharded=name == "mixtral")
+    return saved_once(name, random_hf_moe_model, sharded=name == "mixtral")
 
 
 def loaded_model(plan, folder: Path | None):

@@ -29,24 +29,17 @@ from safetensors.torch import load_file, save_file
 
 from autoplan.cli.main import main
 from autoplan.schema import dump_plan
-from autoplan.schema.hf_config import spec_from_hf_config
-from hf_helpers import (FAMILIES, SEQ_LEN, VOCAB, hf_training_losses, next_token_loss, random_hf_model, rel_diff,
-                        save_hf_folder, world_of_one)
+from hf_helpers import (FAMILIES, SEQ_LEN, VOCAB, folder_spec, hf_training_losses, next_token_loss, random_hf_model,
+                        rel_diff, save_hf_folder, saved_once, world_of_one)
 from rt_helpers import make_plan
 from rt_launcher import ROOT, worker_results
 
 TOL = 1e-5
 
 
-def folder_spec(folder: Path):
-    return spec_from_hf_config(folder / "config.json")
-
-
-@functools.lru_cache(maxsize=None)
 def hf_folder(family: str) -> Path:
     """The family's tiny random model saved once per session (qwen3 in 100 KB shards with an index)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"autoplan-hf-{family}-"))
-    return save_hf_folder(random_hf_model(family), folder / family, sharded=family == "qwen3")
+    return saved_once(family, random_hf_model, sharded=family == "qwen3")
 
 
 def runtime_logits(plan, folder: Path | None, tokens: torch.Tensor) -> torch.Tensor:
