@@ -287,26 +287,27 @@ def inflight_peaks(orders: RankOrders) -> dict[int, list[dict[int, int]]]:
     cached = _PEAKS.get(id(orders))
     if cached is not None and cached[0] is orders:
         return cached[1]
+    # memory_peaks walks the same events; its extra candidates (after a first backward) hold no more
+    # micro-batches than the forward before them, so the activation counts alone reduce to these peaks
     peaks: dict[int, list[dict[int, int]]] = {}
-    for rank, actions in orders.items():
-        stages = sorted({a.stage for a in actions})
-        slot = {st: i for i, st in enumerate(stages)}
-        live = [0] * len(stages)
-        found: set[tuple[int, ...]] = set()
-        for i, a in enumerate(actions):
-            live[slot[a.stage]] += 1 if a.kind == "F" else -1 if a.kind in "BW" else 0
-            if a.kind == "F" and (i + 1 == len(actions) or actions[i + 1].kind != "F"):
-                found.add(tuple(live))
-        # keep the vectors no other one dominates; a dominating vector has at least the same total
-        kept: list[tuple[int, ...]] = []
-        for vec in sorted(found, key=lambda v: (-sum(v), v)):
-            if not any(all(x >= y for x, y in zip(w, vec)) for w in kept):
-                kept.append(vec)
-        peaks[rank] = [{st: c for st, c in zip(stages, vec) if c} for vec in kept]
+    for rank, candidates in memory_peaks(orders).items():
+        stages = sorted({a.stage for a in orders[rank]})
+        counts = {tuple(p.counts.get(st, 0) for st in stages) for p in candidates}
+        peaks[rank] = [{st: c for st, c in zip(stages, vec) if c} for vec in _undominated(counts)]
     if len(_PEAKS) > 4096:
         _PEAKS.clear()
     _PEAKS[id(orders)] = (orders, peaks)
     return peaks
+
+
+def _undominated(found: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The vectors no other one dominates (at least as large in every entry), largest total first: a
+    dominating vector has at least the same total, so one pass in that order suffices."""
+    kept: list[tuple[int, ...]] = []
+    for vec in sorted(found, key=lambda v: (-sum(v), v)):
+        if not any(all(x >= y for x, y in zip(w, vec)) for w in kept):
+            kept.append(vec)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -376,13 +377,9 @@ def memory_peaks(orders: RankOrders, keeps_outputs: bool = False) -> dict[int, l
                 if seen[k] == creating[k]:
                     grads[k] = 0  # REDUCE_GRAD: reduce-scattered and freed
         n = len(stages)
-        undominated: list[tuple[int, ...]] = []
-        for vec in sorted(found, key=lambda v: (-sum(v), v)):  # a dominating vector has a larger sum
-            if not any(all(x >= y for x, y in zip(w, vec)) for w in undominated):
-                undominated.append(vec)
         peaks[rank] = [MemoryPeak({st: c for st, c in zip(stages, vec[:n]) if c},
                                   frozenset(st for st, g in zip(stages, vec[n:2 * n]) if g), vec[2 * n])
-                       for vec in undominated]
+                       for vec in _undominated(found)]
     if len(_MEMORY_PEAKS) > 4096:
         _MEMORY_PEAKS.clear()
     _MEMORY_PEAKS[key] = (orders, peaks)
