@@ -36,9 +36,10 @@ def workload_fn(model: ModelSpec | ModelProfile, cluster: Cluster, training: Tra
     re-derives its times for this one (``--rescale-profile``)."""
     stack = stack_or_default(stack)
     if isinstance(model, ModelProfile):
-        return profile_workload_fn(model, cluster, training, stack, rescale=rescale)
+        fn = profile_workload_fn(model, cluster, training, stack, rescale=rescale)
+    else:
+        def fn(split: LayerSplit) -> Workload:
+            return analytic_workload(model, cluster, training, split, stack)
 
-    def fn(split: LayerSplit) -> Workload:
-        return analytic_workload(model, cluster, training, split, stack)
-
+    fn.stack = stack  # the search keeps to the schedules this stack runs (search/planner.py ``search``)
     return fn

@@ -50,7 +50,7 @@ from autoplan.search.bounds import (
 from autoplan.search.recompute import cheapest_recompute, forced_recompute, stage_choices
 from autoplan.search.space import (
     Group, Pins, SearchLimits, check_size, dense_layers_of, group_choices, group_configs, groups, num_layers_of,
-    table_splits,
+    stack_limits, table_splits,
 )
 
 Solver = Literal["bnb", "bruteforce"]
@@ -127,8 +127,13 @@ def search(model: ModelSpec, workload_fn: WorkloadFn, cluster: Cluster, training
            progress: Progress | None = None, time_limit_s: float | None = None,
            first_fit: bool = False) -> SearchResult:
     """``time_limit_s``: stop then with the best plans so far (FEASIBLE); ``first_fit``: stop at the first
-    layout that fits (FEASIBLE), to learn whether anything fits."""
+    layout that fits (FEASIBLE), to learn whether anything fits. A workload function from
+    ``cost.model_workload.workload_fn`` names its stack: only the pipeline schedules that stack runs are
+    searched (``StackProfile.schedules``), whoever calls."""
     check_size(model, cluster, training)
+    stack = getattr(workload_fn, "stack", None)
+    if stack is not None:
+        limits = stack_limits(stack, pins.schedule, limits)
     with _collector_paused():
         run = _Run(model, workload_fn, cluster, training, pins, limits, top_k, progress, time_limit_s, first_fit)
         return run.bruteforce() if solver == "bruteforce" else run.branch_and_bound()

@@ -84,3 +84,30 @@ def test_a_stack_is_searched_only_over_the_schedules_it_runs(tmp_path, capsys):
     assert main([*job, "--stack", "megatron", "--schedule", "zbv"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--schedule: zbv is not a schedule the megatron stack runs" in err
+
+
+def test_the_search_itself_keeps_to_the_stacks_schedules():
+    """Not only ``autoplan plan``: whoever calls ``search`` with a stack's workload function (a benchmark, the
+    infeasibility hint's retries, a library user) gets only the schedules that stack runs, and a pinned one it
+    cannot run is refused."""
+    import dataclasses
+
+    from autoplan.cost.model_workload import workload_fn
+    from autoplan.errors import SpecError
+    from autoplan.schema import TrainingSetup, load_cluster, load_model
+    from autoplan.search.planner import search
+    from autoplan.search.space import Pins
+
+    model = load_model("llama3-8b")
+    cluster = dataclasses.replace(load_cluster("dgx-h100-80gb"), num_nodes=1)
+    training = TrainingSetup(global_batch_size=32, seq_len=model.seq_len)
+    ranked = {}
+    for name in ("autoplan", "megatron"):
+        fn = workload_fn(model, cluster, training, load_stack(name))
+        result = search(model, fn, cluster, training, Pins(pp=8, tp=1), top_k=5)
+        ranked[name] = [c.config.schedule for c in result.ranked]
+    assert ranked["megatron"] and set(ranked["megatron"]) <= {"1f1b", "interleaved"}
+    assert ranked["autoplan"][0] not in ("1f1b", "interleaved")  # the restriction is what keeps megatron's out
+    fn = workload_fn(model, cluster, training, load_stack("megatron"))
+    with pytest.raises(SpecError, match="zbv is not a schedule the megatron stack runs"):
+        search(model, fn, cluster, training, Pins(pp=8, tp=1, schedule="zbv"), top_k=1)
