@@ -183,6 +183,32 @@ def free_plans(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
     return "\n".join(lines)
 
 
+def cp_series(rows: list[dict]) -> str:
+    """torchtitan's 8B context-parallel series (Table 2: 8 GPUs, 32,768 tokens per rank at every cp): each rank
+    keeps its queries and attends to cp times the keys, in cp ring steps of the same kernel shapes, so what
+    doubling cp adds, per added ring step, should not change. Printed for the published and the predicted
+    seconds per step, to show what no stack-level parameter can fit (the model prices equal steps equally)."""
+    series = sorted((r for r in rows if r["name"].startswith("torchtitan-llama3.1-8b-8gpu-fsdp")
+                     and "-cp" in r["name"]), key=lambda r: int(r["name"].split("-cp")[1].split("-")[0]))
+    if len(series) < 2:
+        return ""
+    cps = [int(r["name"].split("-cp")[1].split("-")[0]) for r in series]
+    tokens = 32768  # per GPU per step (seq_len / cp, local batch 1)
+    lines = ["torchtitan 8B, FSDP + CP on 8 GPUs: seconds per step, and what each doubling of cp adds per added "
+             "ring step", f"{'cp':>3s} {'published':>10s} {'predicted':>10s} {'added/step pub':>15s} "
+             f"{'added/step pred':>16s}"]
+    prev = None
+    for cp, r in zip(cps, series):
+        pub, pred = tokens / r["published_tokens_per_s_per_gpu"], tokens / r["tokens_per_s_per_gpu"]
+        added = ("", "")
+        if prev is not None:
+            steps = cp - prev[0]
+            added = (f"{(pub - prev[1]) / steps:.2f}", f"{(pred - prev[2]) / steps:.2f}")
+        lines.append(f"{cp:3d} {pub:10.2f} {pred:10.2f} {added[0]:>15s} {added[1]:>16s}")
+        prev = (cp, pub, pred)
+    return "\n".join(lines)
+
+
 def _median_abs(xs) -> float:
     xs = [abs(x) for x in xs if x is not None]
     return statistics.median(xs) if xs else 0.0
@@ -397,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(fitted, "runs the stacks may be fitted to (benchmarks/data/stack_runs.yaml):"))
     print()
     print(render(held, "held-out runs (never fitted to):"))
+    print()
+    print(cp_series(fitted))
     if args.free:
         print()
         print(free_plans(runs, stacks))

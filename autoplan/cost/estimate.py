@@ -163,19 +163,29 @@ def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], e
             tp_comm += m * dense * d.tp_fwd_s
             cp_comm += m * dense * d.cp_fwd_s
             ep_comm += m * dense * d.ep_fwd_s
+    reduce = m * sum(_reduce_in_backward_ns(w, t, s, shapes[s].layers) for s in t.stages_of(r)) * 1e-9
     busy = ev.timeline.busy(r) * 1e-9
-    zero3 = max(0.0, busy - compute - recompute - tp_comm - cp_comm - ep_comm)
+    zero3 = max(0.0, busy - compute - recompute - tp_comm - cp_comm - ep_comm - reduce)
     path = _transfers_on_path(t, ev)
     end_s = ev.rank_end_ns[r] * 1e-9
     pp_comm = min(path, max(0.0, end_s - busy))
     step_s = ev.step_ns * 1e-9
     optimizer = _optimizer_s(t, shapes, r)
-    # exposed gradient reduction + ZeRO-1/2 weight all-gather + the runtime's per-step small collectives
-    dp_comm = ev.rank_tail_ns[r] * 1e-9 - optimizer
+    # exposed gradient reduction (ZeRO 2/3: in every micro-batch's backward) + ZeRO-1/2 weight all-gather + the
+    # runtime's per-step small collectives
+    dp_comm = ev.rank_tail_ns[r] * 1e-9 - optimizer + reduce
     bubble = step_s - (compute + recompute + tp_comm + cp_comm + ep_comm + zero3 + pp_comm + dp_comm + optimizer)
     return TimeBreakdown(compute_s=compute, recompute_s=recompute, tp_comm_s=tp_comm, pp_comm_s=pp_comm,
                          zero3_gather_s=zero3, bubble_s=max(0.0, bubble), dp_comm_s=dp_comm, optimizer_s=optimizer,
                          cp_comm_s=cp_comm, ep_comm_s=ep_comm)
+
+
+def _reduce_in_backward_ns(w: Workload, t: StageTable, s: int, n: int) -> int:
+    """One micro-batch's gradient reduce-scatters on stage ``s`` (``n`` blocks as a plan counts them) that its
+    backward does not hide, where ZeRO 2/3 reduces every micro-batch (stage_table.LayerTimes.reduce_ns)."""
+    k = w.dense_layers if s == 0 else 0
+    return ((n - k) * t.block.reduce_ns + (t.dense.reduce_ns if k else 0)
+            + (t.embedding.reduce_ns if s == 0 else 0) + (t.head.reduce_ns if s == t.num_stages - 1 else 0))
 
 
 def _transfers_on_path(t: StageTable, ev: Evaluation) -> float:

@@ -20,9 +20,12 @@ states.
 
 ``device_table`` fills the table for devices that compute on their own (GPUs): collectives on the links
 of their groups (``ParallelDims.span``, cost/comm.py), the gradient reduction overlapping the backward,
-ZeRO-3's gathers prefetched behind compute. What a host adds or changes (a CPU host whose ranks share
-cores and whose collectives do not overlap compute) is the host model's (cost/host_model.py), applied by
-``cost/tables.build_table``, the one way the planner gets a table.
+ZeRO-3's gathers prefetched behind compute. ZeRO 2/3 reduce-scatter every micro-batch's gradients in its
+backward (``reduces_each_microbatch``), on the links ZeRO-3's backward gathers use, so a layer's two are
+hidden together up to its backward (``layer_times``); ZeRO 0/1, and pipelined stages that accumulate whole
+gradients, reduce once after the last backward (the ``sync_*`` terms). What a host adds or changes (a CPU
+host whose ranks share cores and whose collectives do not overlap compute) is the host model's
+(cost/host_model.py), applied by ``cost/tables.build_table``, the one way the planner gets a table.
 
 Mixture of Experts (issue 31). A layer's routed-expert parameters (``LayerCost.expert_params``: of any layer,
 the MoE blocks', and the head's when it carries a multi-token-prediction module's experts) belong to the
@@ -77,6 +80,10 @@ class LayerTimes:
     bwd_ns: int
     wgt_ns: int = 0
     """Of ``bwd_ns``, the weight backward (zero-bubble schedules' ``W``; LayerCost.bwd_weight_s)."""
+    reduce_ns: int = 0
+    """Of ``bwd_ns``, the layer's gradient reduce-scatter not hidden behind its backward, where ZeRO 2/3
+    reduces every micro-batch (``reduces_each_microbatch``); what the step's breakdown calls data-parallel
+    communication."""
 
 
 @dataclass(frozen=True)
@@ -247,16 +254,24 @@ def ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
-def layer_times(layer: LayerCost, zero3_gather_s: float = 0.0) -> LayerTimes:
+def layer_times(layer: LayerCost, zero3_gather_s: float = 0.0, grad_reduce_s: float = 0.0,
+                reduce_overlaps: bool = True) -> LayerTimes:
     """Forward and backward of one layer with its TP collectives and the unhidden part of its CP ring;
     ZeRO-3 prefetches the next layer's weights during this layer's compute, so only the excess of the
-    gather shows. Without a gather these are the least times any configuration with this layer cost can
-    have on devices of their own (the search's group bound). The MoE all-to-all not hidden (``ep_*_s``) is on the
-critical path, as the TP collectives are (megatron/core/transformer/moe/token_dispatcher.py runs dispatch
+    gather shows. ``grad_reduce_s``: the layer's gradient reduce-scatter in every micro-batch's backward
+    (``reduces_each_microbatch``), issued after the layer's backward and run beside the next one's, on the
+    same links as the backward's gathers: the two together are hidden up to the backward's compute
+    (``reduce_overlaps``; else the reduction waits in full). Without a gather or a reduction these are the
+    least times any configuration with this layer cost can have on devices of their own (the search's group
+    bound). The MoE all-to-all not hidden (``ep_*_s``) is on
+the critical path, as the TP collectives are (megatron/core/transformer/moe/token_dispatcher.py runs dispatch
 and combine between the router and the experts, and between the experts and the residual add)."""
     fwd = layer.fwd_s + layer.tp_fwd_s + layer.cp_fwd_s + layer.ep_fwd_s + max(0.0, zero3_gather_s - layer.fwd_s)
-    bwd = layer.bwd_s + layer.tp_bwd_s + layer.cp_bwd_s + layer.ep_bwd_s + max(0.0, zero3_gather_s - layer.bwd_s)
-    return LayerTimes(ns(fwd), ns(bwd), min(ns(bwd), ns(layer.bwd_weight_s)))
+    gather_excess = max(0.0, zero3_gather_s - layer.bwd_s)
+    reduce_excess = (max(0.0, zero3_gather_s + grad_reduce_s - layer.bwd_s) - gather_excess if reduce_overlaps
+                     else grad_reduce_s)
+    bwd = layer.bwd_s + layer.tp_bwd_s + layer.cp_bwd_s + layer.ep_bwd_s + gather_excess + reduce_excess
+    return LayerTimes(ns(fwd), ns(bwd), min(ns(bwd), ns(layer.bwd_weight_s)), ns(reduce_excess))
 
 
 def weight_bytes(training: TrainingSetup) -> int:
@@ -281,6 +296,15 @@ def reduce_bytes(training: TrainingSetup, stack: StackProfile) -> int:
 def whole_grads(config: Config, stack: StackProfile) -> bool:
     """ZeRO 2/3 under pipelining on a stack that accumulates a stage's gradients whole until one reduction."""
     return stack.pipeline_reduces_once and config.zero_stage >= 2 and config.num_stages > 1
+
+
+def reduces_each_microbatch(config: Config, stack: StackProfile) -> bool:
+    """ZeRO 2/3 keeps only gradient shards between micro-batches, so every micro-batch's backward
+    reduce-scatters its layers' gradients as it goes (FSDP2's post-backward hook per unit, with gradient
+    sync on: runtime/parallel/data_parallel.py ``set_microbatch_sync``, torchtitan's gradient accumulation;
+    DeepSpeed ZeRO-2's reduction buckets), unless the stack's pipeline runtime accumulates a stage's
+    gradients whole for one reduction (``whole_grads``). ZeRO 0/1 reduce once, after the last micro-batch."""
+    return config.zero_stage >= 2 and not whole_grads(config, stack)
 
 
 def gathered_stage(config: Config, stack: StackProfile) -> bool:
@@ -358,14 +382,20 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         """``fn(parameters, link)`` for the dp x cp part and, where there are any, the experts' edp part."""
         return fn(params - experts, dp_link) + (fn(experts, edp_link) if experts else 0.0)
 
+    each_microbatch = reduces_each_microbatch(c, stack)
+
     def times(layer: LayerCost) -> LayerTimes:  # ZeRO-3: all-gather one layer's weights over its groups
         gather = over_groups(lambda p, link: collective_time_s("all_gather", p * gb, link), layer.params,
                              layer.expert_params) if per_layer_gathers else 0.0
-        return layer_times(layer, gather)
+        reduce = over_groups(lambda p, link: collective_time_s("reduce_scatter", p * rb, link), layer.params,
+                             layer.expert_params) if each_microbatch else 0.0
+        return layer_times(layer, gather, reduce, training.overlap_grad_reduce)
 
     sync_kind = "all_reduce" if c.zero_stage == 0 else "reduce_scatter"
 
     def sync_ns(params: float, experts: float = 0.0) -> int:  # bandwidth part only; latency once per rank
+        if each_microbatch:  # in every backward, the last one's included (times)
+            return 0
         return ns(over_groups(lambda p, link: collective_bandwidth_s(sync_kind, p * rb, link), params, experts))
 
     gathers_after = c.zero_stage in (1, 2) or whole_stage
@@ -407,10 +437,10 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
     capacity = cluster.device.memory_gib * (1 - training.memory_margin) * 2**30
     # the recomputed forward runs its ring and its all-to-all again
     rerun = block.fwd_s + block.tp_fwd_s + block.cp_fwd_s + block.ep_fwd_s
-    sync_latency = collective_latency_s(sync_kind, dp_link)
+    sync_latency = 0.0 if each_microbatch else collective_latency_s(sync_kind, dp_link)
     gather_latency = collective_latency_s("all_gather", dp_link) if gathers_after else 0.0
     if has_experts:  # the experts' own collectives start once more
-        sync_latency += collective_latency_s(sync_kind, edp_link)
+        sync_latency += 0.0 if each_microbatch else collective_latency_s(sync_kind, edp_link)
         gather_latency += collective_latency_s("all_gather", edp_link) if gathers_after else 0.0
     dense = {}
     if k:
@@ -423,7 +453,8 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
             extra = dense_rerun + extra_weight
             saved, transient = int(math.ceil(d.full_saved_bytes)), int(math.ceil(d.saved_bytes - d.full_saved_bytes))
         dense = dict(dense_layers=k, dense_full=dense_full,
-                     dense=LayerTimes(k * one.fwd_ns, k * (one.bwd_ns + extra), k * (one.wgt_ns + extra_weight)),
+                     dense=LayerTimes(k * one.fwd_ns, k * (one.bwd_ns + extra), k * (one.wgt_ns + extra_weight),
+                                      k * one.reduce_ns),
                      dense_transient_bytes=transient,
                      dense_state_bytes=k * state(d.params, de), dense_grad_bytes=k * whole(d.params),
                      dense_act_bytes=k * saved,
@@ -443,7 +474,8 @@ def device_table(workload: Workload, cluster: Cluster, training: TrainingSetup, 
         block_act_selective_bytes=int(math.ceil(block.selective_saved_bytes)),
         block_act_full_bytes=int(math.ceil(block.full_saved_bytes)),
         embedding_act_bytes=int(math.ceil(workload.embedding.saved_bytes)),
-        head_act_bytes=int(math.ceil(workload.head.saved_bytes)),
+        # under pipelining, plus the output the schedule holds until the micro-batch's backward
+        head_act_bytes=int(math.ceil(workload.head.saved_bytes + (workload.held_output_bytes if c.pp > 1 else 0.0))),
         logits_transient_bytes=int(math.ceil(workload.logits_transient_bytes)),
         kept_output_bytes=int(math.ceil(workload.kept_output_bytes)) if c.pp > 1 else 0,
         zero3_buffer_bytes=z3_buffer, capacity_bytes=int(capacity),

@@ -367,7 +367,8 @@ class TimeBreakdown:
     bubble_s: float
     """Pipeline idle time: step time less everything else on the busiest rank."""
     dp_comm_s: float
-    """Gradient reduction (and ZeRO-1/2 parameter all-gather) not hidden behind backward."""
+    """Gradient reduction (and ZeRO-1/2 parameter all-gather) not hidden behind backward: once per step, or
+    under ZeRO 2/3 in every micro-batch's backward (cost/stage_table.py ``reduces_each_microbatch``)."""
     optimizer_s: float
     cp_comm_s: float = 0.0
     """Context parallelism: the ring's K/V (and, in backward, dK/dV) exchange not hidden behind the
