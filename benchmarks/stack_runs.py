@@ -111,6 +111,24 @@ def setup(run: dict, stack: StackProfile):
 
 def predict(run: dict, stack: StackProfile) -> dict:
     """The run predicted for ``stack``: tokens/s per GPU, peak memory (GiB), whether it fits, the layout."""
+    found = published_prediction(run, stack)
+    if found is None:
+        return {"tokens_per_s_per_gpu": 0.0, "memory_gib": float("nan"), "fits": False, "recompute": "-"}
+    predicted, shapes, cluster, config = found
+    full = sum(s.full for s in shapes)
+    sel = sum(s.selective for s in shapes)
+    m = predicted.memory
+    return {"tokens_per_s_per_gpu": predicted.tokens_per_s / cluster.num_devices,
+            "memory_gib": m.reserved_gib, "fits": predicted.peak_memory_gib <= predicted.capacity_gib,
+            "capacity_gib": predicted.capacity_gib, "recompute": f"full {full} sel {sel}",
+            # what the reserved figure is made of (estimate.reserved_bytes), for the cache fits
+            "allocated_gib": m.total_gib, "dynamic_gib": m.activations_gib + m.buffers_gib,
+            "device_gib": cluster.device.memory_gib, "pp": config.pp}
+
+
+def published_prediction(run: dict, stack: StackProfile):
+    """(Predicted, stage shapes, cluster, config) of the run's published layout on ``stack``; None when the
+    recomputation the search picks for an unpublished one fits nowhere."""
     model, cluster, training, fn = setup(run, stack)
     lay = run["layout"]
     per_replica = run["global_batch_size"] // lay["dp"]
@@ -124,24 +142,15 @@ def predict(run: dict, stack: StackProfile) -> dict:
                               max_stage_microbatches=2**20)
         result = search(model, fn, cluster, training, pins, top_k=1, limits=limits)
         if result.best is None:
-            return {"tokens_per_s_per_gpu": 0.0, "memory_gib": float("nan"), "fits": False, "recompute": "-"}
+            return None
         _, predicted = predicted_of(result.best, cluster, training)
-        shapes = result.best.shapes
-    else:
-        split = torchtitan_split(model.num_layers, stages) if run["stack"] in TORCHTITAN else \
-            tuple(model.num_layers // stages for _ in range(stages))
-        mode = lay["recompute"]
-        shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)
-        predicted, _, _ = estimate_layout(fn, cluster, training, layout_of(config, shapes))
-    full = sum(s.full for s in shapes)
-    sel = sum(s.selective for s in shapes)
-    m = predicted.memory
-    return {"tokens_per_s_per_gpu": predicted.tokens_per_s / cluster.num_devices,
-            "memory_gib": m.reserved_gib, "fits": predicted.peak_memory_gib <= predicted.capacity_gib,
-            "capacity_gib": predicted.capacity_gib, "recompute": f"full {full} sel {sel}",
-            # what the reserved figure is made of (estimate.reserved_bytes), for the cache fits
-            "allocated_gib": m.total_gib, "dynamic_gib": m.activations_gib + m.buffers_gib,
-            "device_gib": cluster.device.memory_gib, "pp": config.pp}
+        return predicted, result.best.shapes, cluster, config
+    split = torchtitan_split(model.num_layers, stages) if run["stack"] in TORCHTITAN else \
+        tuple(model.num_layers // stages for _ in range(stages))
+    mode = lay["recompute"]
+    shapes = tuple(StageShape(n, n if mode == "selective" else 0, n if mode == "full" else 0) for n in split)
+    predicted, _, _ = estimate_layout(fn, cluster, training, layout_of(config, shapes))
+    return predicted, shapes, cluster, config
 
 
 def errors(runs: list[dict], stacks: dict[str, StackProfile]) -> list[dict]:
@@ -163,15 +172,18 @@ def free_plans(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
     pinned, against the run's published layout priced the same way: what the planner claims to gain, beside
     the model's own error on that run."""
     from autoplan.report.tables import layout_label, recompute_label
+    from autoplan.report.why import term_differences
 
-    lines = ["the planner's free choice for each run's job (same stack), against the published layout:",
-             f"{'run':52s} {'model error':>11s} {'free plan':52s} {'claimed gain':>12s}"]
+    lines = ["the planner's free choice for each run's job (same stack), against the published layout, and the two "
+             "terms it saves most (seconds per step):",
+             f"{'run':52s} {'model error':>11s} {'free plan':52s} {'claimed gain':>12s}  where"]
     for run in runs:
         stack = stacks[run["stack"]]
         model, cluster, training, fn = setup(run, stack)
         training = dataclasses.replace(training, memory_margin=0.1)  # the planner's own margin
         result = search(model, fn, cluster, training, Pins(), top_k=1)
         published = predict(run, stack)
+        as_published = published_prediction(run, stack)
         error = published["tokens_per_s_per_gpu"] / run["published"]["tokens_per_s_per_gpu"] - 1
         if result.best is None:
             lines.append(f"{run['name'][:52]:52s} {100 * error:+10.1f}% nothing fits with a 10% margin")
@@ -179,7 +191,8 @@ def free_plans(runs: list[dict], stacks: dict[str, StackProfile]) -> str:
         layout, pred = predicted_of(result.best, cluster, training)
         gain = pred.tokens_per_s / cluster.num_devices / published["tokens_per_s_per_gpu"] - 1
         label = f"{layout_label(layout)}, {recompute_label(layout)}"
-        lines.append(f"{run['name'][:52]:52s} {100 * error:+10.1f}% {label[:52]:52s} {100 * gain:+11.1f}%")
+        where = term_differences(pred, as_published[0]) if as_published else ""
+        lines.append(f"{run['name'][:52]:52s} {100 * error:+10.1f}% {label[:52]:52s} {100 * gain:+11.1f}%  {where}")
     return "\n".join(lines)
 
 

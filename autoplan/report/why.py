@@ -21,7 +21,7 @@ def why_winner(plans: list[tuple[Layout, Predicted]]) -> str:
     if len(plans) > 1:
         second, q = plans[1]
         lines.append(f"The runner-up ({layout_label(second)}) is {100 * (q.step_time_s / p.step_time_s - 1):.1f}% "
-                     f"slower: " + _difference(p, q) + ".")
+                     f"slower: " + term_differences(p, q) + ".")
     return "\n".join(lines)
 
 
@@ -38,7 +38,8 @@ def schedule_gain(schedule: str, p: Predicted, classic: str, q: Predicted | None
             f"({100 * (p.step_time_s / q.step_time_s - 1):+.1f}%).")
 
 
-def _difference(a: Predicted, b: Predicted) -> str:
+def term_differences(a: Predicted, b: Predicted, count: int = 2) -> str:
+    """The ``count`` step-time terms where ``b`` spends most more than ``a`` (seconds per step)."""
     ta, tb = a.time, b.time
     diffs = {"compute": tb.compute_s - ta.compute_s, "recomputation": tb.recompute_s - ta.recompute_s,
              "TP communication": tb.tp_comm_s - ta.tp_comm_s,
@@ -46,5 +47,5 @@ def _difference(a: Predicted, b: Predicted) -> str:
              "DP communication": tb.dp_comm_s - ta.dp_comm_s, "ZeRO-3 gathers": tb.zero3_gather_s - ta.zero3_gather_s,
              "optimizer step": tb.optimizer_s - ta.optimizer_s, "CP ring exchange": tb.cp_comm_s - ta.cp_comm_s,
              "EP all-to-all": tb.ep_comm_s - ta.ep_comm_s}
-    worst = sorted(diffs.items(), key=lambda kv: -kv[1])[:2]
+    worst = sorted(diffs.items(), key=lambda kv: -kv[1])[:count]
     return ", ".join(f"{k} {'+' if v >= 0 else ''}{v:.3f} s" for k, v in worst)
