@@ -105,13 +105,6 @@ def kept_output_bytes_per_logit(e: int, stack: StackProfile) -> float:
     return float(e) if stack.pipeline_keeps_outputs else 0.0
 
 
-def held_output_bytes_per_logit(e: int, stack: StackProfile) -> float:
-    """Bytes per logit on the rank the last stage holds of each micro-batch from its forward until its
-    backward under pipelining (``StackProfile.pipeline_holds_outputs``: torch's ``fwd_cache``), where the
-    stack does not already keep them to the end of the step (``kept_output_bytes_per_logit``)."""
-    return float(e) if stack.pipeline_holds_outputs and not stack.pipeline_keeps_outputs else 0.0
-
-
 def loss_fp32_copies(stack: StackProfile, tp: int) -> int:
     """The stack's fp32 logit-sized buffers at the loss's peak: vocabulary-parallel under TP (torch's
     ``loss_parallel``, Megatron's cross-entropy), whole logits otherwise."""

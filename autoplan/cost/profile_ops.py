@@ -47,8 +47,7 @@ import re
 from dataclasses import dataclass, replace
 
 from autoplan.cost.activations import (
-    SavedBytes, elem_bytes, held_output_bytes_per_logit, kept_output_bytes_per_logit, loss_fp32_copies,
-    loss_transient_bytes_per_logit,
+    SavedBytes, elem_bytes, kept_output_bytes_per_logit, loss_fp32_copies, loss_transient_bytes_per_logit,
 )
 from autoplan.cost.analytic_ops import EdgeWork, block_tp_messages, embedding_of_vocabulary, head_of_vocabulary
 from autoplan.cost.layer_ops import AttentionCore, Gemm, HostOps, LayerOps, Message
@@ -168,8 +167,7 @@ def profile_workload(profile: ModelProfile, cluster: Cluster, training: Training
         embedding, block_ops, head, num_layers=len(blocks), split=split, cluster=cluster, training=training,
         stack=stack, tied_copy_params=_tied(profile, tp), output_bytes=input_bytes,
         logits_transient_bytes=loss_transient_bytes_per_logit(e, loss_fp32_copies(stack, tp)) * logits,
-        kept_output_bytes=kept_output_bytes_per_logit(e, stack) * logits,
-        held_output_bytes=held_output_bytes_per_logit(e, stack) * logits)
+        kept_output_bytes=kept_output_bytes_per_logit(e, stack) * logits)
     if use_measured_times and block.fwd_s is not None and block.bwd_s is not None:
         workload = replace(workload, block=replace(workload.block, fwd_s=block.fwd_s, bwd_s=block.bwd_s))
     return workload

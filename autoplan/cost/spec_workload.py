@@ -50,8 +50,6 @@ def analytic_workload(model: ModelSpec, cluster: Cluster, training: TrainingSetu
                                                           vocab, act.loss_fp32_copies(stack, tp)) / cp,
         kept_output_bytes=act.kept_output_bytes_per_logit(elem_bytes(training.activation_precision), stack)
         * tokens * vocab / tp / cp,
-        held_output_bytes=act.held_output_bytes_per_logit(elem_bytes(training.activation_precision), stack)
-        * tokens * vocab / tp / cp,
     )
     dense = model.moe.first_dense_layers if model.moe is not None else 0
     if not dense:

@@ -45,10 +45,6 @@ class Workload:
     """Bytes of one micro-batch's last-stage output that the stack keeps from its forward to the end of the
     step under pipelining (activations.py ``kept_output_bytes_per_logit``; 0 where it keeps none). The stage
     table counts it only when pp > 1: without a pipeline schedule nothing keeps it."""
-    held_output_bytes: float = 0.0
-    """Bytes of one micro-batch's last-stage output the stack holds from its forward until its backward under
-    pipelining (activations.py ``held_output_bytes_per_logit``): counted with the last stage's activations,
-    when pp > 1 only."""
     ring_transient_bytes: float = 0.0
     """Working memory of one block's ring attention (cost/context_parallel.py), on every rank; 0 without cp."""
     dense_layers: int = 0
@@ -64,8 +60,7 @@ WorkloadFn = Callable[[LayerSplit], Workload]
 
 def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_layers: int, split: LayerSplit,
                    cluster: Cluster, training: TrainingSetup, stack: StackProfile, tied_copy_params: float,
-                   output_bytes: float, logits_transient_bytes: float, kept_output_bytes: float,
-                   held_output_bytes: float) -> Workload:
+                   output_bytes: float, logits_transient_bytes: float, kept_output_bytes: float) -> Workload:
     """The one way to a Workload: each layer's ops priced by ``layer_cost`` on ``cluster`` under ``stack``."""
     def cost(ops: LayerOps) -> LayerCost:
         return layer_cost(ops, cluster, training, stack, split.dims)
@@ -74,7 +69,6 @@ def build_workload(embedding: LayerOps, block: LayerOps, head: LayerOps, *, num_
                     head=cost(head),
                     tied_copy_params=tied_copy_params, output_bytes=output_bytes,
                     logits_transient_bytes=logits_transient_bytes, kept_output_bytes=kept_output_bytes,
-                    held_output_bytes=held_output_bytes,
                     ring_transient_bytes=block.ring.transient_bytes if block.ring is not None else 0.0)
 
 

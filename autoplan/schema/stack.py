@@ -133,13 +133,6 @@ class StackProfile:
     ``output_chunks``, freed by the next step's ``clear_runtime_states``). False: the outputs are freed after
     the loss (``return_outputs=False``; Megatron's schedules compute the loss in the forward step and free the
     output, ``deallocate_output_tensor``)."""
-    pipeline_holds_outputs: bool = False
-    """Under pipelining the last stage holds each micro-batch's output (the e-byte logits, vocabulary-sharded
-    under loss parallelism) from its forward until its backward ends: torch's schedule runtime caches it
-    beside the stage's inputs (stage.py ``forward_one_chunk`` stores it in ``fwd_cache``; ``backward_one_chunk``
-    pops it and keeps it through the loss's backward), so it counts like one of the last stage's saved
-    activations for every micro-batch in flight there. Covered by ``pipeline_keeps_outputs`` where that holds;
-    False where the schedule computes the loss in the forward step and keeps only the loss (Megatron)."""
     optimizer_bytes_per_param: float = 0.0
     """Bytes per parameter the optimizer step's kernels move beyond the fused step's
     (cost/model_states.py ``optimizer_step_bytes``): a ``foreach`` AdamW runs its update as several

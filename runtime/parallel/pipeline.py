@@ -64,7 +64,16 @@ def kept_expert_loads(module: nn.Module):
 
 class KeyedStage(PipelineStage):
     """A PipelineStage that tells the dropout state which micro-batch it is computing, so that masks
-    are seeded by global row (runtime/models/dropout.py), also when a backward recomputes a forward."""
+    are seeded by global row (runtime/models/dropout.py), also when a backward recomputes a forward; and
+    that, on the last stage, does not keep the model's output (the logits) until the micro-batch's backward.
+
+    Where torch's stage falls short: ``forward_one_chunk`` caches every stage's output in ``fwd_cache`` beside
+    its inputs for the backward, but the last stage's backward starts from the loss (``backward_one_chunk``:
+    ``stage_output=loss`` when ``is_last``) and never reads it. Kept, the e-byte logits of every micro-batch in
+    flight there outlive the loss, which saves its own fp32 copy; dropped, they die once the schedule has
+    computed the loss, as Megatron's schedules free them. tests/runtime/test_pipeline_held_output.py checks
+    both; with ``step(return_outputs=False)`` (runtime/trainer.py) the last stage keeps no output, which is
+    what the ``autoplan`` stack prices (``StackProfile.pipeline_keeps_outputs`` false)."""
 
     def __init__(self, *args, rows: DropoutRows, **kwargs):
         super().__init__(*args, **kwargs)
@@ -89,7 +98,11 @@ class KeyedStage(PipelineStage):
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
         self._at(fwd_chunk_id)
-        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        output = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if self.is_last and fwd_chunk_id in self.fwd_cache:  # the schedule computes the loss from ``output``
+            _, inputs = self.fwd_cache[fwd_chunk_id]
+            self.fwd_cache[fwd_chunk_id] = ((), inputs)
+        return output
 
     def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs):
         self._at(bwd_chunk_id)
