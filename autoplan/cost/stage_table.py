@@ -345,12 +345,17 @@ def rank_state_bytes(training: TrainingSetup, config: Config, stack: StackProfil
                      expert: bool = False) -> StateBytes:
     """Bytes per parameter a rank holds for its stages for the whole step: ZeRO's shares (model_states.py)
     over dp x cp, or for routed-expert parameters (``expert``) over the experts' edp (module doc), and under
-    pipelining on a stack that keeps them gathered, the gathered parameters. Whole gradients, which live for
-    part of the step only, are ``whole_grad_bytes``."""
+    pipelining on a stack that keeps them gathered, the gathered parameters. Gradients are held in the dtype the
+    stack reduces and accumulates them in (``grad_reduce``), not the compute dtype ZeRO's paper counts: FSDP2
+    with an fp32 ``reduce_dtype`` keeps fp32 gradient shards, and at ZeRO 0/1 accumulates whole gradients over
+    the micro-batches in fp32 (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    ``to_accumulated_grad_if_needed``); Megatron's gradient buffer is in the compute dtype unless
+    ``grad_reduce_in_fp32``. Whole gradients that live for part of the step only are ``whole_grad_bytes``."""
     shards = config.dims.edp if expert else config.dp_cp
     states = state_bytes_per_param(training, config.zero_stage, shards, config.offload_optimizer)
     weights = states.weights + (gather_bytes(training, stack) if gathered_stage(config, stack) else 0)
-    return StateBytes(weights=weights, gradients=states.gradients, optimizer=states.optimizer)
+    gradients = states.gradients * reduce_bytes(training, stack) / weight_bytes(training)
+    return StateBytes(weights=weights, gradients=gradients, optimizer=states.optimizer)
 
 
 def whole_grad_bytes(training: TrainingSetup, config: Config, stack: StackProfile) -> int:

@@ -33,11 +33,12 @@ whenever the stage is (an edp group of one included: the root must not take them
 whenever edp > 1 (with tp > ep the experts have data-parallel copies even without dp).
 
 How this ZeRO 1 differs from the cost model's (Rajbhandari et al. 2020, stage 1: weights and gradients
-whole on every rank at all times, 4 + K/N_d bytes per parameter in mixed precision): during forward and
-backward the memory is the same -- whole weights, whole gradients accumulated over the micro-batches,
-K/N_d of optimizer state -- plus FSDP2's own 1/N_d shard of weights (and, after the reduce-scatter, of
-gradients) kept beside the whole copies; between steps (the optimizer step included) only the shards
-are held, which is less. The communication is the same volume: one gradient reduce-scatter and one
+whole on every rank at all times, 2 + 4 + K/N_d bytes per parameter in mixed precision here, since FSDP2
+accumulates the whole gradients in the fp32 reduce dtype: cost/stage_table.py ``rank_state_bytes``): during
+forward and backward the memory is the same -- whole weights, whole gradients accumulated over the
+micro-batches, K/N_d of optimizer state -- plus FSDP2's own 1/N_d shard of weights (and, after the
+reduce-scatter, of gradients) kept beside the whole copies; between steps (the optimizer step included)
+only the shards are held, which is less. The communication is the same volume: one gradient reduce-scatter and one
 weight all-gather per step, against ZeRO-1's reduce-scatter + all-gather.
 Under pipeline parallelism torch's schedule runtime takes over the micro-batch handling for every
 stage (stage.py ``backward_maybe_with_nosync``, schedules.py UNSHARD / REDUCE_GRAD): it gathers a

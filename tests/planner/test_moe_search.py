@@ -113,9 +113,9 @@ def hand_workload(split: LayerSplit, dense_layers: int = 0, num_layers: int = 8)
 
 def test_expert_states_are_sharded_over_the_expert_data_parallel_group():
     """16 ranks, tp 2, dp 8, ep 4: edp = 2 x 8 / 4 = 4. Under mixed-precision Adam with ZeRO-1 a block holds
-    2 + 2 bytes per parameter of weights and gradients and 12 / N of optimizer state, N = dp x cp = 8 for its
-    20M dense parameters and N = edp = 4 for its 100M expert parameters (Megatron-Core's expert data-parallel
-    group)."""
+    2 + 4 bytes per parameter of weights and gradients (the default stack accumulates gradients in fp32, its
+    reduce dtype) and 12 / N of optimizer state, N = dp x cp = 8 for its 20M dense parameters and N = edp = 4
+    for its 100M expert parameters (Megatron-Core's expert data-parallel group)."""
     cluster = load_cluster("dgx-h100-80gb")
     cluster = dataclasses.replace(cluster, num_nodes=2)
     training = TrainingSetup(global_batch_size=64, seq_len=1024)
@@ -123,7 +123,7 @@ def test_expert_states_are_sharded_over_the_expert_data_parallel_group():
     assert c.dims.edp == 4
     w = hand_workload(LayerSplit(micro_batch_size=1, tp=2, sequence_parallel=True, ep=4))
     t = device_table(w, cluster, training, c)
-    expected = 2e7 * (2 + 2 + 12 / 8) + 1e8 * (2 + 2 + 12 / 4)
+    expected = 2e7 * (2 + 4 + 12 / 8) + 1e8 * (2 + 4 + 12 / 4)
     assert t.block_state_bytes == math.ceil(expected)
     assert t.expert_edp == 4
     # the optimizer steps 20M / 8 + 100M / 4 parameters of the block

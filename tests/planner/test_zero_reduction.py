@@ -75,3 +75,23 @@ def test_a_blocks_reduction_is_its_fp32_gradients_over_the_data_parallel_link():
     assert table.sync_block_ns == 0  # not once more at the end of the step
     exposed = device_table(workload, CLUSTER, dataclasses.replace(training, overlap_grad_reduce=False), config)
     assert exposed.block.reduce_ns == ns(reduce)
+
+
+def test_gradients_are_counted_in_the_dtype_the_stack_accumulates_them_in():
+    """bf16 compute: this runtime (FSDP2, fp32 reduce dtype) holds ZeRO-1's whole gradients and every stage's
+    gradient shards in fp32 (tests/runtime/test_zero_reductions.py sees it on 2 ranks); Megatron's gradient
+    buffer is in the compute dtype (``grad_reduce_in_fp32`` off)."""
+    from autoplan.cost.stage_table import rank_state_bytes
+    from autoplan.schema import load_stack
+
+    training = TrainingSetup(global_batch_size=16, seq_len=128, precision="bf16")
+    counted = {}
+    for zero in (0, 1, 2, 3):
+        config = Config(tp=1, pp=1, dp=8, cp=1, sequence_parallel=False, zero_stage=zero, offload_optimizer=False,
+                        schedule="1f1b", virtual_stages=1, micro_batch_size=1, num_microbatches=2)
+        counted[zero] = {name: rank_state_bytes(training, config, load_stack(name)).gradients
+                         for name in ("autoplan", "torchtitan", "megatron")}
+    for zero in (0, 1):
+        assert counted[zero] == {"autoplan": 4, "torchtitan": 4, "megatron": 2}
+    for zero in (2, 3):
+        assert counted[zero] == {"autoplan": 4 / 8, "torchtitan": 4 / 8, "megatron": 2 / 8}

@@ -1,6 +1,7 @@
 """The gradient reductions the cost model prices are the ones the runtime issues: without pipelining, ZeRO 0
 and 1 reduce once per step, ZeRO 2 and 3 once per micro-batch (cost/stage_table.py ``reduces_each_microbatch``),
-counted from torch's profiler on 2 gloo ranks (tests/runtime/zero_worker.py: one launch, every stage)."""
+counted from torch's profiler on 2 gloo ranks (tests/runtime/zero_worker.py: one launch, every stage); and the
+gradients it holds are in the dtype the model counts (``rank_state_bytes``)."""
 
 import pytest
 
@@ -26,3 +27,8 @@ def test_the_runtime_reduces_as_often_as_the_cost_model_prices(tmp_path):
         else:  # one reduce-scatter per FSDP unit (each block, then the root)
             assert (c["reduce_scatter"], c["all_reduce"]) == (per_step * c["units"], 0), zero
     assert counts["2"]["reduce_scatter"] == MICROBATCHES * counts["1"]["reduce_scatter"]  # not vacuous
+    # and what ZeRO-1 holds between micro-batches under bf16 compute: whole gradients in fp32, the reduce dtype,
+    # which is what rank_state_bytes counts for this stack (tests/planner/test_zero_reduction.py)
+    bf16 = counts["bf16"]
+    assert bf16["dtypes"] == ["torch.float32"] and bf16["elements"] == bf16["parameters"]
+    assert bf16["shard_grad_dtypes"] == ["torch.float32"]

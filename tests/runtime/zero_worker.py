@@ -1,6 +1,8 @@
 """torchrun worker for tests/runtime/test_zero_reductions.py: how many gradient collectives the runtime's data
 parallelism issues in one step of M micro-batches without pipelining, per ZeRO stage, on 2 gloo ranks.
-Rank 0 writes {zero stage: {"units": FSDP units, "reduce_scatter": n, "all_reduce": n}}.
+Rank 0 writes {zero stage: {"units": FSDP units, "reduce_scatter": n, "all_reduce": n}}, and under "bf16"
+what ZeRO-1 holds of its gradients between two micro-batches with bf16 compute and fp32 reduction (the
+runtime's mixed precision on GPUs, runtime/parallel/data_parallel.py ``precision_policy``).
 
 The model has the runtime's shape for ``apply_data_parallel`` (blocks in ``model.blocks``, each its own unit,
 then the root), and the step is the runtime's (runtime/trainer.py without pipelining): ``set_microbatch_sync``
@@ -57,7 +59,32 @@ def main(out: str) -> None:
         results[zero] = {"units": BLOCKS + 1,
                          "reduce_scatter": count(events, "c10d::_reduce_scatter_base_", "c10d::reduce_scatter_"),
                          "all_reduce": count(events, "c10d::allreduce_")}
+    results["bf16"] = accumulated_gradients(mesh)
     finish_worker(out, results)
+
+
+def accumulated_gradients(mesh) -> dict:
+    """ZeRO-1 with bf16 compute, after the first of two micro-batches (gradient sync off): the dtypes and the
+    element count of the gradients FSDP2 accumulates (its private ``unsharded_accumulated_grad``, the one place
+    they are visible), against the model's parameters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    torch.manual_seed(0)
+    model = apply_data_parallel(Model(), mesh, 1, offload=False, compute_dtype=torch.bfloat16)
+    x = torch.randn(2, 4, WIDTH)
+    set_microbatch_sync(model, 1, False)
+    model(x[0]).sum().backward()
+    grads = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            grads += [p.unsharded_accumulated_grad for p in (group.fsdp_params if group is not None else [])]
+    set_microbatch_sync(model, 1, True)
+    model(x[1]).sum().backward()
+    return {"dtypes": sorted({str(g.dtype) for g in grads if g is not None}),
+            "elements": sum(g.numel() for g in grads if g is not None),
+            "parameters": sum(p.numel() for p in model.parameters()),  # DTensors: the global (whole) count
+            "shard_grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters()})}
 
 
 if __name__ == "__main__":
