@@ -39,3 +39,21 @@ def config(**changes) -> Config:
 
 def workload_of(model, cluster, training, stack=None):
     return workload_fn(model, cluster, training, stack)
+
+
+def rank_choices_agree(terms, counts, method: str, reference: str) -> int:
+    """For each rank of ``terms`` (a LayoutTerms), with the stage sizes ``counts()`` gives it: the per-rank
+    recomputation ``method`` picks (search/recompute.py ``rank_choice``) fits exactly when ``reference``'s does
+    and costs the same. Returns how many ranks recompute something under ``method``, so that a caller can
+    assert the comparison was not vacuous."""
+    from autoplan.search.recompute import choice_cost_ns, rank_choice
+
+    recomputing = 0
+    for rank in terms.ranks:
+        n = counts()
+        got, want = rank_choice(terms, rank, n, None, method), rank_choice(terms, rank, n, None, reference)
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert choice_cost_ns(terms, got) == choice_cost_ns(terms, want)
+            recomputing += got != tuple((0, 0) for _ in n)
+    return recomputing

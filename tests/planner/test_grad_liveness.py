@@ -25,7 +25,7 @@ from autoplan.search.bounds import busiest_rank_ns, rank_floors, states_fit
 from autoplan.search.recompute import cheapest_recompute, stage_choices
 from autoplan.search.space import stage_splits
 
-from .random_problems import random_problem, workload_of
+from .random_problems import random_problem, rank_choices_agree, workload_of
 
 DEVICE = load_device("a100-sxm-80gb")
 CLUSTER = Cluster(name="c", device=DEVICE, devices_per_node=8, num_nodes=1, intra_node=Link(100.0, 5.0),
@@ -258,7 +258,6 @@ def test_recompute_solvers_agree_with_whole_gradients(stack):
     and the gradients): the closed form equals enumeration there, and CP-SAT equals enumeration on
     interleaved ranks, on devices between what full recomputation everywhere and none need; on torchtitan
     the last rank's peaks also hold its kept outputs, which no recomputation frees."""
-    from autoplan.search.recompute import choice_cost_ns, rank_choice
 
     rng = random.Random(36)
     model = ModelSpec(name="m", architecture="gpt", num_layers=16, hidden_size=256, ffn_hidden_size=1024,
@@ -275,22 +274,9 @@ def test_recompute_solvers_agree_with_whole_gradients(stack):
         one = build_table(workload, cluster, training, Config(**base, schedule="1f1b", virtual_stages=1))
         terms = LayoutTerms(one)
         assert any(len(rank.peaks) > 1 for rank in terms.ranks)
-        for rank in terms.ranks:
-            n = (rng.randint(2, 6),)
-            exact, brute = rank_choice(terms, rank, n, None, "auto"), rank_choice(terms, rank, n, None, "enumerate")
-            assert (exact is None) == (brute is None)
-            if exact is not None:
-                assert choice_cost_ns(terms, exact) == choice_cost_ns(terms, brute)
-                closed += exact != ((0, 0),)
+        closed += rank_choices_agree(terms, lambda: (rng.randint(2, 6),), "auto", "enumerate")
         two = build_table(workload, cluster, training, Config(**base, schedule="interleaved", virtual_stages=2))
-        terms = LayoutTerms(two)
-        for rank in terms.ranks:
-            n = (2, 2)
-            a, b = rank_choice(terms, rank, n, None, "enumerate"), rank_choice(terms, rank, n, None, "cpsat")
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert choice_cost_ns(terms, a) == choice_cost_ns(terms, b)
-                solved += a != ((0, 0), (0, 0))
+        solved += rank_choices_agree(LayoutTerms(two), lambda: (2, 2), "enumerate", "cpsat")
     assert closed >= 5 and solved >= 5
 
 
