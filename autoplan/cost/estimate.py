@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoplan.cost.evaluate import Evaluation, RankMemory, StageShape, evaluate, path_of, table_shapes
+from autoplan.cost.evaluate import Evaluation, RankMemory, StageShape, evaluate, path_of, shape_values, table_shapes
 from autoplan.cost.local_params import local_params_per_rank
 from autoplan.cost.stage_table import Config, StageTable, rank_state_bytes, whole_grad_bytes
+from autoplan.cost.stage_terms import rank_backward_reduce, rank_optimizer
 from autoplan.cost.tables import build_table
 from autoplan.cost.workload import LayerCost, LayerSplit, Workload, WorkloadFn, with_exposed_exchange
 from autoplan.schema import (
@@ -163,14 +164,15 @@ def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], e
             tp_comm += m * dense * d.tp_fwd_s
             cp_comm += m * dense * d.cp_fwd_s
             ep_comm += m * dense * d.ep_fwd_s
-    reduce = m * sum(_reduce_in_backward_ns(w, t, s, shapes[s].layers) for s in t.stages_of(r)) * 1e-9
+    values = shape_values(table_shapes(t, shapes))
+    reduce = m * rank_backward_reduce(t, r).value(values) * 1e-9
     busy = ev.timeline.busy(r) * 1e-9
     zero3 = max(0.0, busy - compute - recompute - tp_comm - cp_comm - ep_comm - reduce)
     path = _transfers_on_path(t, ev)
     end_s = ev.rank_end_ns[r] * 1e-9
     pp_comm = min(path, max(0.0, end_s - busy))
     step_s = ev.step_ns * 1e-9
-    optimizer = _optimizer_s(t, shapes, r)
+    optimizer = rank_optimizer(t, r).value(values) * 1e-9
     # exposed gradient reduction (ZeRO 2/3: in every micro-batch's backward) + ZeRO-1/2 weight all-gather + the
     # runtime's per-step small collectives
     dp_comm = ev.rank_tail_ns[r] * 1e-9 - optimizer + reduce
@@ -180,26 +182,9 @@ def time_breakdown(w: Workload, t: StageTable, shapes: tuple[StageShape, ...], e
                          cp_comm_s=cp_comm, ep_comm_s=ep_comm)
 
 
-def _reduce_in_backward_ns(w: Workload, t: StageTable, s: int, n: int) -> int:
-    """One micro-batch's gradient reduce-scatters on stage ``s`` (``n`` blocks as a plan counts them) that its
-    backward does not hide, where ZeRO 2/3 reduces every micro-batch (stage_table.LayerTimes.reduce_ns)."""
-    k = w.dense_layers if s == 0 else 0
-    return ((n - k) * t.block.reduce_ns + (t.dense.reduce_ns if k else 0)
-            + (t.embedding.reduce_ns if s == 0 else 0) + (t.head.reduce_ns if s == t.num_stages - 1 else 0))
-
-
 def _transfers_on_path(t: StageTable, ev: Evaluation) -> float:
     path = path_of(t, ev)
     return sum(c * t.p2p_ns[e] for e, c in path.transfers.items()) * 1e-9
-
-
-def _optimizer_s(t: StageTable, shapes: tuple[StageShape, ...], rank: int) -> float:
-    stages = t.stages_of(rank)
-    ns = sum(shapes[s].layers for s in stages) * t.optim_block_ns
-    ns += (t.optim_embedding_ns if 0 in stages else 0) + (t.optim_head_ns if t.num_stages - 1 in stages else 0)
-    if t.dense_layers and 0 in stages:  # stage 0's leading dense blocks step as themselves, not as MoE blocks
-        ns += t.dense_optim_ns - t.dense_layers * t.optim_block_ns
-    return ns * 1e-9
 
 
 def reserved_bytes(mem: RankMemory, stack: StackProfile, pp: int) -> float:

@@ -144,4 +144,18 @@ def rank_after_sync(t: StageTable, rank: int) -> Linear:
     if t.reduces and t.config.zero_stage in (1, 2):
         gather = Linear(gather.coefs, gather.const + t.gather_latency_ns)
     gather = Linear(gather.coefs, gather.const + t.step_sync_ns)
-    return gather + _per_rank(t, rank, t.optim_block_ns, t.optim_embedding_ns + t.dense_optim_ns, t.optim_head_ns)
+    return gather + rank_optimizer(t, rank)
+
+
+@_per_table
+def rank_optimizer(t: StageTable, rank: int) -> Linear:
+    """The optimizer step of the rank's stages (ns): its share of ``rank_after_sync``."""
+    return _per_rank(t, rank, t.optim_block_ns, t.optim_embedding_ns + t.dense_optim_ns, t.optim_head_ns)
+
+
+@_per_table
+def rank_backward_reduce(t: StageTable, rank: int) -> Linear:
+    """One micro-batch's gradient reduce-scatters that the rank's backwards do not hide (ns), where ZeRO 2/3
+    reduces every micro-batch (stage_table.LayerTimes.reduce_ns): already inside ``stage_bwd``; what the
+    step's breakdown calls data-parallel communication."""
+    return _per_rank(t, rank, t.block.reduce_ns, t.embedding.reduce_ns + t.dense.reduce_ns, t.head.reduce_ns)
