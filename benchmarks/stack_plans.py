@@ -22,7 +22,7 @@ from autoplan.schema import TrainingSetup, load_cluster, load_model, load_stack
 from autoplan.schema.io import shipped_names
 from autoplan.search.planner import search
 from autoplan.search.result import predicted_of
-from autoplan.search.space import Pins, stack_limits
+from autoplan.search.space import Pins
 
 TERMS = ("recompute_s", "tp_comm_s", "pp_comm_s", "zero3_gather_s", "bubble_s", "dp_comm_s", "optimizer_s", "cp_comm_s")
 
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for name in shipped_names("stacks"):
         stack = load_stack(name)
-        result = search(model, workload_fn(model, cluster, training, stack), cluster, training, Pins(), top_k=2,
-                        limits=stack_limits(stack))
+        result = search(model, workload_fn(model, cluster, training, stack), cluster, training, Pins(), top_k=2)
         if result.best is None:
             print(f"{name:28s} nothing fits")
             continue

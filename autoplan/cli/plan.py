@@ -158,12 +158,10 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--offload: needs ZeRO stage >= 1 (it offloads the sharded optimizer state) and "
                         "--zero-stage 0 is pinned; pin --zero-stage 1 or more, or drop --offload")
     stack = load_stack_arg(args)
-    from autoplan.search.space import stack_limits
-
-    limits = stack_limits(stack, pins.schedule)
+    # the workload names its stack: the search keeps to the schedules it runs (search/planner.py ``search``)
     make = lambda m, c, t: workload_fn(m, c, t, stack, rescale=args.rescale_profile)  # noqa: E731
     result = search(model, make(model, cluster, training), cluster, training, pins, solver=args.solver,
-                    top_k=args.top, limits=limits, progress=stderr_progress, time_limit_s=args.time_limit)
+                    top_k=args.top, progress=stderr_progress, time_limit_s=args.time_limit)
     if result.status == "UNKNOWN":
         bound = (f" (lower bound {result.bound_ns * 1e-9:.3f} s per step so far)" if args.solver == "bnb" else
                  f" ({result.simulated:,} layouts simulated)")
